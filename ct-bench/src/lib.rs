@@ -1,0 +1,309 @@
+//! The benchmark harness shared by the workspace's `cargo bench` targets.
+//!
+//! Every benchmark prints one JSON object per line on stdout (progress goes to
+//! stderr), in the format of `shared/design/benchmarks.md`:
+//!
+//! ```text
+//! {"suite":"ct-context","bench":"ctx-switch","impl":"x86_64","params":{"round_trips":10000000},"unit":"ns","runs":7,"min":4.1,"median":4.3,"max":5.2}
+//! ```
+//!
+//! Each measurement is repeated after one warm-up run; the minimum, median and
+//! maximum are reported, since the machines this runs on are small and noisy.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+/// A parameter value in the `params` object.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Param {
+    /// An integer.
+    Int(i64),
+    /// A floating-point number.
+    Float(f64),
+    /// A string.
+    Str(String),
+}
+
+impl From<i64> for Param {
+    fn from(v: i64) -> Self {
+        Param::Int(v)
+    }
+}
+impl From<usize> for Param {
+    fn from(v: usize) -> Self {
+        Param::Int(v as i64)
+    }
+}
+impl From<u64> for Param {
+    fn from(v: u64) -> Self {
+        Param::Int(v as i64)
+    }
+}
+impl From<u32> for Param {
+    fn from(v: u32) -> Self {
+        Param::Int(v as i64)
+    }
+}
+impl From<f64> for Param {
+    fn from(v: f64) -> Self {
+        Param::Float(v)
+    }
+}
+impl From<&str> for Param {
+    fn from(v: &str) -> Self {
+        Param::Str(v.to_string())
+    }
+}
+impl From<String> for Param {
+    fn from(v: String) -> Self {
+        Param::Str(v)
+    }
+}
+
+/// Summary of repeated measurements.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    /// Number of measured runs (the warm-up is not counted).
+    pub runs: usize,
+    /// Smallest value.
+    pub min: f64,
+    /// Median value (mean of the two middle values for an even count).
+    pub median: f64,
+    /// Largest value.
+    pub max: f64,
+}
+
+impl Stats {
+    /// Summarises `samples`. Panics if it is empty or contains NaN.
+    pub fn from_samples(samples: &[f64]) -> Self {
+        assert!(!samples.is_empty(), "no samples");
+        let mut v = samples.to_vec();
+        v.sort_by(|a, b| a.partial_cmp(b).expect("NaN sample"));
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Stats {
+            runs: n,
+            min: v[0],
+            median,
+            max: v[n - 1],
+        }
+    }
+}
+
+/// Runs `f` once to warm up, then `runs` more times, and summarises the values
+/// it returns (each run measures and returns its own figure, e.g. ns per op).
+pub fn repeat(runs: usize, mut f: impl FnMut() -> f64) -> Stats {
+    let _ = f();
+    let samples: Vec<f64> = (0..runs.max(1)).map(|_| f()).collect();
+    Stats::from_samples(&samples)
+}
+
+/// Seconds taken by `f`.
+pub fn time_secs(f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+/// Formats one result line.
+pub fn json_line(
+    suite: &str,
+    bench: &str,
+    implementation: &str,
+    params: &[(&str, Param)],
+    unit: &str,
+    stats: &Stats,
+) -> String {
+    let mut s = String::new();
+    write!(
+        s,
+        "{{\"suite\":{},\"bench\":{},\"impl\":{},\"params\":{{",
+        quote(suite),
+        quote(bench),
+        quote(implementation)
+    )
+    .unwrap();
+    for (i, (k, v)) in params.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        write!(s, "{}:{}", quote(k), param_json(v)).unwrap();
+    }
+    write!(
+        s,
+        "}},\"unit\":{},\"runs\":{},\"min\":{},\"median\":{},\"max\":{}}}",
+        quote(unit),
+        stats.runs,
+        num(stats.min),
+        num(stats.median),
+        num(stats.max)
+    )
+    .unwrap();
+    s
+}
+
+/// Prints one result line on stdout.
+pub fn emit(
+    suite: &str,
+    bench: &str,
+    implementation: &str,
+    params: &[(&str, Param)],
+    unit: &str,
+    stats: &Stats,
+) {
+    println!(
+        "{}",
+        json_line(suite, bench, implementation, params, unit, stats)
+    );
+}
+
+fn param_json(p: &Param) -> String {
+    match p {
+        Param::Int(i) => i.to_string(),
+        Param::Float(f) => num(*f),
+        Param::Str(s) => quote(s),
+    }
+}
+
+fn num(f: f64) -> String {
+    if f.is_finite() {
+        // Four significant decimals are plenty for noisy timings.
+        let s = format!("{f:.4}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        "null".to_string()
+    }
+}
+
+fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => write!(out, "\\u{:04x}", c as u32).unwrap(),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Minimal `--name value` argument parsing for benchmark binaries.
+///
+/// `cargo bench` passes `--bench` to harness-less targets; it is ignored.
+#[derive(Debug, Default)]
+pub struct Args {
+    pairs: Vec<(String, String)>,
+    help: bool,
+}
+
+impl Args {
+    /// Parses `std::env::args()`.
+    pub fn from_env() -> Self {
+        Self::parse(std::env::args().skip(1))
+    }
+
+    /// Parses an argument list.
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Self {
+        let mut out = Args::default();
+        let mut it = args.into_iter().peekable();
+        while let Some(a) = it.next() {
+            if a == "--help" || a == "-h" {
+                out.help = true;
+            } else if a == "--bench" {
+                continue;
+            } else if let Some(name) = a.strip_prefix("--") {
+                if let Some((k, v)) = name.split_once('=') {
+                    out.pairs.push((k.to_string(), v.to_string()));
+                } else if let Some(v) = it.next_if(|v| !v.starts_with("--")) {
+                    out.pairs.push((name.to_string(), v));
+                } else {
+                    out.pairs.push((name.to_string(), "true".to_string()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether `--help` was given.
+    pub fn help(&self) -> bool {
+        self.help
+    }
+
+    /// The value of `--name`, parsed; `default` if absent. Exits with a message
+    /// if the value does not parse.
+    pub fn get<T: std::str::FromStr>(&self, name: &str, default: T) -> T {
+        match self.pairs.iter().rev().find(|(k, _)| k == name) {
+            None => default,
+            Some((_, v)) => v.parse().unwrap_or_else(|_| {
+                eprintln!("invalid value for --{name}: {v}");
+                std::process::exit(2)
+            }),
+        }
+    }
+
+    /// A comma-separated list, e.g. `--workers 1,2`.
+    pub fn list<T: std::str::FromStr + Clone>(&self, name: &str, default: &[T]) -> Vec<T> {
+        match self.pairs.iter().rev().find(|(k, _)| k == name) {
+            None => default.to_vec(),
+            Some((_, v)) => v
+                .split(',')
+                .map(|x| {
+                    x.trim().parse().unwrap_or_else(|_| {
+                        eprintln!("invalid value in --{name}: {x}");
+                        std::process::exit(2)
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_median() {
+        let s = Stats::from_samples(&[3.0, 1.0, 2.0]);
+        assert_eq!((s.min, s.median, s.max, s.runs), (1.0, 2.0, 3.0, 3));
+        let s = Stats::from_samples(&[4.0, 1.0, 2.0, 3.0]);
+        assert_eq!(s.median, 2.5);
+    }
+
+    #[test]
+    fn json_format() {
+        let s = Stats::from_samples(&[1.5, 2.0, 2.25]);
+        let line = json_line(
+            "ct-worker",
+            "fib",
+            "ct\"worker",
+            &[("n", 30usize.into()), ("mode", "x".into())],
+            "s",
+            &s,
+        );
+        assert_eq!(
+            line,
+            r#"{"suite":"ct-worker","bench":"fib","impl":"ct\"worker","params":{"n":30,"mode":"x"},"unit":"s","runs":3,"min":1.5,"median":2,"max":2.25}"#
+        );
+    }
+
+    #[test]
+    fn args_parse() {
+        let a = Args::parse(
+            ["--bench", "--n", "5", "--workers=1,2", "--quick"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        assert_eq!(a.get("n", 0usize), 5);
+        assert_eq!(a.list("workers", &[9usize]), vec![1, 2]);
+        assert!(a.get("quick", false));
+        assert_eq!(a.get("absent", 7u32), 7);
+    }
+}

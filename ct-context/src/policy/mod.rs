@@ -1,0 +1,119 @@
+//! Context policies: the five ontop primitives, implemented per architecture.
+//!
+//! | policy | where | what it saves |
+//! |---|---|---|
+//! | [`X86_64`] | x86-64 | callee-saved registers (`rbx`, `rbp`, `r12`–`r15`) and the stack pointer |
+//! | [`X86_64Fpu`] | x86-64 | the same plus MXCSR and the x87 control word |
+//! | [`Portable`] | every architecture `corosensei` supports | whatever `corosensei` saves |
+//!
+//! [`DefaultPolicy`] is [`X86_64`] on x86-64 and [`Portable`] elsewhere.
+//! Rust code never changes the floating-point control words, so the default
+//! does not pay for saving them; code that changes rounding modes or exception
+//! masks per thread picks [`X86_64Fpu`].
+
+mod portable;
+
+pub use portable::Portable;
+
+#[cfg(target_arch = "x86_64")]
+pub use crate::arch::x86_64::{X86_64, X86_64Fpu};
+
+use crate::context::{CondOntopFn, Context, EntryFn, OntopFn, RestoreFn};
+use crate::stack::StackRegion;
+
+/// The default policy of this target.
+#[cfg(target_arch = "x86_64")]
+pub type DefaultPolicy = X86_64;
+/// The default policy of this target.
+#[cfg(not(target_arch = "x86_64"))]
+pub type DefaultPolicy = Portable;
+
+/// A context-switching implementation: the five ontop primitives of
+/// ComposableThreads.
+///
+/// Every primitive that switches runs a function *ontop*: after the current
+/// context has been saved (or abandoned) and before the destination continues.
+/// The function gets the just-saved context, so it can publish it (push it on a
+/// deque, store it in a lock's queue) without any race: nothing runs on that
+/// context's stack any more. Its return value is delivered to the destination
+/// as the return value of the destination's own pending switch call (or as the
+/// `data` argument of a fresh context's entry function).
+///
+/// Native policies run the function on the destination's stack, below its saved
+/// frame; the [`Portable`] policy runs it on the current OS thread's native stack.
+/// Either way it runs after the save and before the resume.
+///
+/// # Safety
+///
+/// Implementations must follow the semantics documented on each method.
+/// Callers of the (unsafe) methods must:
+///
+/// - resume every [`Context`] at most once, and only with the policy that made it;
+/// - keep the stack memory of a suspended context valid until it is resumed or
+///   abandoned for good;
+/// - never let an ontop function panic across its boundary (it is `extern "C"`:
+///   an unwinding panic aborts the process) or switch contexts from inside it.
+pub unsafe trait ContextPolicy: Sized + 'static {
+    /// Name used in benchmarks and `Debug` output.
+    const NAME: &'static str;
+
+    /// The smallest stack region (in bytes) `make_context`/`save_context` accept.
+    const MIN_STACK_SIZE: usize;
+
+    /// Builds a context on `stack` that, when first resumed with value `v`, calls
+    /// `entry(arg, v)` on that stack. Does not switch.
+    ///
+    /// # Safety
+    ///
+    /// `stack` must be unused, writable memory of at least
+    /// [`ContextPolicy::MIN_STACK_SIZE`] bytes that outlives the context.
+    unsafe fn make_context(stack: StackRegion, entry: EntryFn, arg: usize) -> Context<Self>;
+
+    /// Saves the current context, switches to the fresh `stack` and calls
+    /// `f(saved, data)` there. If `f` returns `v`, the saved context resumes and
+    /// `save_context` returns `v` — so this doubles as "call on another stack".
+    /// Used for work-first thread creation, where `f` publishes the saved parent
+    /// and runs the child.
+    ///
+    /// # Safety
+    ///
+    /// `stack` as in [`ContextPolicy::make_context`]. `f` may return only if the
+    /// saved context it received has not been and will not be resumed by anyone
+    /// else.
+    unsafe fn save_context(stack: StackRegion, f: OntopFn<Self>, data: usize) -> usize;
+
+    /// Saves the current context and switches to `next`, running `f(saved, data)`
+    /// ontop; `next` continues with `f`'s result. With `f = None` the switch is a
+    /// plain one and `next` receives `data`.
+    ///
+    /// Returns the value delivered by whichever switch later resumes the saved
+    /// context.
+    ///
+    /// # Safety
+    ///
+    /// `next` must be a suspended context of this policy, resumed by nobody else.
+    unsafe fn swap_context(next: Context<Self>, f: Option<OntopFn<Self>>, data: usize) -> usize;
+
+    /// Saves the current context and runs `f(saved, data)` ontop, like
+    /// [`ContextPolicy::swap_context`]; then, if `f` says
+    /// [`CondResult::proceed`](crate::CondResult), `next` continues with the value;
+    /// otherwise the saved context continues at once and this call returns the
+    /// value (`next` stays suspended: keep its [`Context::as_raw`] to resume it
+    /// later).
+    ///
+    /// # Safety
+    ///
+    /// As for [`ContextPolicy::swap_context`]. When `f` cancels it must not have
+    /// published `saved`.
+    unsafe fn cond_swap_context(next: Context<Self>, f: CondOntopFn<Self>, data: usize) -> usize;
+
+    /// Abandons the current context without saving it, switches to `next`, runs
+    /// `f(data)` ontop (for example to free the abandoned stack) and continues
+    /// `next` with its result (or with `data` if `f` is `None`).
+    ///
+    /// # Safety
+    ///
+    /// As for [`ContextPolicy::swap_context`]. Nothing on the abandoned stack is
+    /// dropped; everything on it must be dead.
+    unsafe fn restore_context(next: Context<Self>, f: Option<RestoreFn>, data: usize) -> !;
+}
