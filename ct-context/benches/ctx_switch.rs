@@ -30,26 +30,20 @@ use ct_context::{
 const SUITE: &str = "ct-context";
 const BENCH: &str = "ctx-switch";
 
-/// Saved contexts of the two sides, as raw addresses.
+/// Saved contexts of the two sides, as raw addresses (published by the
+/// `store_*` ontop functions).
 static MAIN: AtomicUsize = AtomicUsize::new(0);
 static CHILD: AtomicUsize = AtomicUsize::new(0);
-/// The current mode, read by the child.
-static MODE: AtomicUsize = AtomicUsize::new(0);
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Plain = 0,
-    Ontop = 1,
-    OntopStore = 2,
-}
+const PLAIN: u8 = 0;
+const ONTOP: u8 = 1;
+const ONTOP_STORE: u8 = 2;
 
-impl Mode {
-    fn name(self) -> &'static str {
-        match self {
-            Mode::Plain => "plain",
-            Mode::Ontop => "ontop",
-            Mode::OntopStore => "ontop-store",
-        }
+fn mode_name(mode: u8) -> &'static str {
+    match mode {
+        PLAIN => "plain",
+        ONTOP => "ontop",
+        _ => "ontop-store",
     }
 }
 
@@ -73,77 +67,92 @@ fn ctx<P: ContextPolicy>(addr: usize) -> Context<P> {
     unsafe { Context::from_raw(NonNull::new(addr as *mut u8).expect("context known")) }
 }
 
-/// One switch of either side: to the context at `to`, in mode `mode`; `store`
-/// is the side's own slot-storing function. Returns the transferred value.
+/// One switch in mode `MODE`. `store` is the side's own slot-storing function.
 #[inline(always)]
-fn switch<P: ContextPolicy>(mode: usize, to: usize, store: OntopFn<P>, v: usize) -> usize {
+fn switch<P: ContextPolicy, const MODE: u8>(to: usize, store: OntopFn<P>, v: usize) -> usize {
     // SAFETY: the two contexts alternate strictly; each resumes the other's
     // most recently saved context exactly once.
     unsafe {
-        match mode {
-            0 => P::swap_context(ctx::<P>(to), None, v),
-            1 => P::swap_context(ctx::<P>(to), Some(pass_prev::<P>), v),
+        match MODE {
+            PLAIN => P::swap_context(ctx::<P>(to), None, v),
+            ONTOP => P::swap_context(ctx::<P>(to), Some(pass_prev::<P>), v),
             _ => P::swap_context(ctx::<P>(to), Some(store), v),
         }
     }
 }
 
-/// Measures `round_trips` round trips of policy P; returns ns per round trip.
-fn run_policy<P: ContextPolicy>(round_trips: usize, mode: Mode) -> f64 {
+/// Measures `round_trips` round trips of policy P in mode `MODE`; returns ns
+/// per round trip. Every transferred value is checked.
+fn run_policy<P: ContextPolicy, const MODE: u8>(round_trips: usize) -> f64 {
     let stack = MmapStack::new(64 * 1024).expect("map a stack");
     // SAFETY: the stack outlives the context, which is abandoned suspended
     // (nothing on its stack needs dropping).
     let child = unsafe {
-        make_context_with::<P, _>(stack.region(), |mut v| -> Infallible {
-            loop {
-                let mode = MODE.load(Ordering::Relaxed);
-                // In `ontop` mode the value is main's context; otherwise main
-                // published it in MAIN.
-                let to = if mode == 1 {
-                    v
-                } else {
-                    MAIN.load(Ordering::Relaxed)
-                };
-                v = switch::<P>(mode, to, store_child::<P>, v.wrapping_add(1));
+        make_context_with::<P, _>(stack.region(), |v| -> Infallible {
+            // Warm-up: publish our context, learn main's.
+            let mut v =
+                switch::<P, ONTOP_STORE>(MAIN.load(Ordering::Relaxed), store_child::<P>, v + 1);
+            let main = MAIN.load(Ordering::Relaxed);
+            match MODE {
+                // Both saved contexts have fixed addresses from here on: each
+                // side switches from one call site at a fixed stack depth.
+                PLAIN => loop {
+                    v = switch::<P, PLAIN>(main, store_child::<P>, v + 1);
+                },
+                // Main sends its context; we send back ours.
+                ONTOP => loop {
+                    v = switch::<P, ONTOP>(v, store_child::<P>, 0);
+                },
+                _ => loop {
+                    v = switch::<P, ONTOP_STORE>(
+                        MAIN.load(Ordering::Relaxed),
+                        store_child::<P>,
+                        v + 1,
+                    );
+                },
             }
         })
     }
     .expect("context fits");
-    // Warm up in `ontop-store` mode, which publishes both contexts.
-    MODE.store(2, Ordering::Relaxed);
     // SAFETY: fresh context.
-    let mut v = unsafe { P::swap_context(child, Some(store_main::<P>), 0) };
+    let v = unsafe { P::swap_context(child, Some(store_main::<P>), 0) };
     assert_eq!(v, 1);
-    v = switch::<P>(2, CHILD.load(Ordering::Relaxed), store_main::<P>, v);
-    assert_eq!(v, 2);
-    let (m, c) = (MAIN.load(Ordering::Relaxed), CHILD.load(Ordering::Relaxed));
-    let mode = mode as usize;
-    MODE.store(mode, Ordering::Relaxed);
+    let c = CHILD.load(Ordering::Relaxed);
 
     let start = Instant::now();
-    let mut to = c;
-    for i in 0..round_trips {
-        match mode {
-            // The child receives main's context and sends back its own.
-            1 => {
-                let got = switch::<P>(1, to, store_main::<P>, 0);
-                if got != c {
-                    fail(&format!(
-                        "round trip {i}: child context {got:#x}, expected {c:#x}"
-                    ));
-                }
-                to = got;
-            }
-            0 => {
-                let r = switch::<P>(0, c, store_main::<P>, v);
-                if r != v.wrapping_add(1) {
+    match MODE {
+        PLAIN => {
+            // The first switch still lands in the child's warm-up call.
+            let mut v = switch::<P, ONTOP_STORE>(c, store_main::<P>, v);
+            let c = CHILD.load(Ordering::Relaxed);
+            for i in 0..round_trips {
+                let r = switch::<P, PLAIN>(c, store_main::<P>, v);
+                if r != v + 1 {
                     fail(&format!("round trip {i}: sent {v}, got {r}"));
                 }
                 v = r;
             }
-            _ => {
-                let r = switch::<P>(2, CHILD.load(Ordering::Relaxed), store_main::<P>, v);
-                if r != v.wrapping_add(1) {
+        }
+        ONTOP => {
+            // The child's warm-up switch receives our context as the value;
+            // from then on it answers from its loop, whose context is fixed.
+            let mut to = switch::<P, ONTOP>(c, store_main::<P>, 0);
+            let expect = to;
+            for i in 0..round_trips {
+                let got = switch::<P, ONTOP>(to, store_main::<P>, 0);
+                if got != expect {
+                    fail(&format!(
+                        "round trip {i}: child context {got:#x}, expected {expect:#x}"
+                    ));
+                }
+                to = got;
+            }
+        }
+        _ => {
+            let mut v = switch::<P, ONTOP_STORE>(c, store_main::<P>, v);
+            for i in 0..round_trips {
+                let r = switch::<P, ONTOP_STORE>(CHILD.load(Ordering::Relaxed), store_main::<P>, v);
+                if r != v + 1 {
                     fail(&format!("round trip {i}: sent {v}, got {r}"));
                 }
                 v = r;
@@ -151,14 +160,6 @@ fn run_policy<P: ContextPolicy>(round_trips: usize, mode: Mode) -> f64 {
         }
     }
     let elapsed = start.elapsed();
-    // Back to `ontop-store` once more to check that the saved contexts never
-    // moved (the `plain` mode depends on it).
-    MODE.store(2, Ordering::Relaxed);
-    let next = if mode == 1 { to } else { c };
-    let _ = switch::<P>(if mode == 1 { 1 } else { 2 }, next, store_main::<P>, v);
-    if MAIN.load(Ordering::Relaxed) != m {
-        fail("main's saved context moved: the plain mode's assumption does not hold");
-    }
     drop(stack);
     elapsed.as_nanos() as f64 / round_trips as f64
 }
@@ -229,10 +230,15 @@ fn main() {
     macro_rules! policy {
         ($p:ty) => {
             if wanted(<$p>::NAME) {
-                for mode in [Mode::Plain, Mode::Ontop, Mode::OntopStore] {
-                    eprintln!("{} {}...", <$p>::NAME, mode.name());
-                    let s = repeat(runs, || run_policy::<$p>(n, mode));
-                    emit(SUITE, BENCH, <$p>::NAME, &params(mode.name()), "ns", &s);
+                let modes: [(u8, fn(usize) -> f64); 3] = [
+                    (PLAIN, run_policy::<$p, PLAIN>),
+                    (ONTOP, run_policy::<$p, ONTOP>),
+                    (ONTOP_STORE, run_policy::<$p, ONTOP_STORE>),
+                ];
+                for (mode, run) in modes {
+                    eprintln!("{} {}...", <$p>::NAME, mode_name(mode));
+                    let s = repeat(runs, || run(n));
+                    emit(SUITE, BENCH, <$p>::NAME, &params(mode_name(mode)), "ns", &s);
                 }
             }
         };
