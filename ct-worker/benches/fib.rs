@@ -1,0 +1,141 @@
+//! `fib`: parallel Fibonacci — fork fib(n−1), run fib(n−2), join
+//! (Endo 2020 §5.4.1). Baselines in the same run: serial recursion and
+//! `rayon::join`. Output: JSON lines, seconds per run, plus ns per fork+join.
+
+use std::hint::black_box;
+
+use ct_bench::{Args, emit, repeat, time_secs};
+
+fn fib_serial(n: u64) -> u64 {
+    if n < 2 {
+        n
+    } else {
+        fib_serial(n - 1) + fib_serial(n - 2)
+    }
+}
+
+fn fib_ct(n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    let (a, b) = ct_worker::join(|| fib_ct(n - 1), || fib_ct(n - 2));
+    a + b
+}
+
+fn fib_rayon(n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    let (a, b) = rayon::join(|| fib_rayon(n - 1), || fib_rayon(n - 2));
+    a + b
+}
+
+/// Number of joins in fib(n): one per call with n >= 2.
+fn joins(n: u64) -> u64 {
+    let (mut a, mut b) = (0u64, 0u64); // joins(0), joins(1)
+    for _ in 2..=n {
+        (a, b) = (b, a + b + 1);
+    }
+    if n < 2 { 0 } else { b }
+}
+
+fn check(got: u64, n: u64) {
+    if got != fib_serial_fast(n) {
+        eprintln!("fib({n}) = {got} is wrong");
+        std::process::exit(1);
+    }
+}
+
+fn fib_serial_fast(n: u64) -> u64 {
+    let (mut a, mut b) = (0u64, 1u64);
+    for _ in 0..n {
+        (a, b) = (b, a + b);
+    }
+    a
+}
+
+fn main() {
+    let args = Args::from_env();
+    if args.help() {
+        eprintln!(
+            "fib [--n 30,35] [--workers 1,2] [--runs 7]\n\
+             Seed parameters: n = 30 and 35, workers 1 and 2. Prints JSON lines (seconds),\n\
+             with serial fib and rayon::join fib measured in the same run."
+        );
+        return;
+    }
+    let ns: Vec<u64> = args.list("n", &[30, 35]);
+    let workers: Vec<usize> = args.list("workers", &[1, 2]);
+    let runs: usize = args.get("runs", 7);
+
+    for &n in &ns {
+        eprintln!("serial fib({n})...");
+        let s = repeat(runs, || {
+            time_secs(|| {
+                let r = fib_serial(black_box(n));
+                check(r, n);
+            })
+        });
+        emit(
+            "ct-worker",
+            "fib",
+            "serial",
+            &[("n", n.into()), ("workers", 1usize.into())],
+            "s",
+            &s,
+        );
+
+        for &w in &workers {
+            eprintln!("ct-worker fib({n}) with {w} workers...");
+            let rt = ct_worker::Runtime::builder()
+                .workers(w)
+                .build()
+                .expect("runtime");
+            let s = repeat(runs, || {
+                time_secs(|| {
+                    let r = rt.block_on(|| fib_ct(black_box(n)));
+                    check(r, n);
+                })
+            });
+            drop(rt);
+            let per_join = s.median * 1e9 / joins(n) as f64;
+            emit(
+                "ct-worker",
+                "fib",
+                "ct-worker",
+                &[
+                    ("n", n.into()),
+                    ("workers", w.into()),
+                    ("ns_per_fork_join", per_join.into()),
+                ],
+                "s",
+                &s,
+            );
+
+            eprintln!("rayon fib({n}) with {w} workers...");
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(w)
+                .build()
+                .expect("rayon pool");
+            let s = repeat(runs, || {
+                time_secs(|| {
+                    let r = pool.install(|| fib_rayon(black_box(n)));
+                    check(r, n);
+                })
+            });
+            let per_join = s.median * 1e9 / joins(n) as f64;
+            emit(
+                "ct-worker",
+                "fib",
+                "rayon",
+                &[
+                    ("n", n.into()),
+                    ("workers", w.into()),
+                    ("ns_per_fork_join", per_join.into()),
+                ],
+                "s",
+                &s,
+            );
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Compile-time configuration of a runtime: context policy, worker deque and
+//! aspect, bundled in one type (the Rust counterpart of cmpth's policy "itf"
+//! bundles).
+
+use core::marker::PhantomData;
+
+use ct_context::{ContextPolicy, DefaultPolicy};
+
+use crate::aspect::{Aspect, NoAspect, StatsAspect, TraceAspect};
+use crate::deque::{ChaseLev, LockedDeque, WorkerDeque};
+
+/// The components a runtime is built from.
+///
+/// Everything is monomorphised: the default configuration costs nothing for
+/// the aspects it leaves out. Code that wants to work with any configuration is
+/// generic over `C: Config` (or over [`UltItf`](crate::UltItf)).
+pub trait Config: Send + Sync + Sized + 'static {
+    /// How contexts are switched.
+    type Policy: ContextPolicy;
+    /// The worker deque, for any item type.
+    type Deque<T: Send + 'static>: WorkerDeque<T>;
+    /// Hooks called on scheduler events.
+    type Aspect: Aspect;
+}
+
+/// The default: the target's fastest context policy, Chase–Lev deques, no aspect.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultConfig;
+
+impl Config for DefaultConfig {
+    type Policy = DefaultPolicy;
+    type Deque<T: Send + 'static> = ChaseLev<T>;
+    type Aspect = NoAspect;
+}
+
+/// The default configuration with per-worker statistics
+/// ([`StatsAspect`]: forks, steals, switches, idle time).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StatsConfig;
+
+impl Config for StatsConfig {
+    type Policy = DefaultPolicy;
+    type Deque<T: Send + 'static> = ChaseLev<T>;
+    type Aspect = StatsAspect;
+}
+
+/// The default configuration with a Chrome trace-event recorder
+/// ([`TraceAspect`]; the file is named by `CT_TRACE` or the builder).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TraceConfig;
+
+impl Config for TraceConfig {
+    type Policy = DefaultPolicy;
+    type Deque<T: Send + 'static> = ChaseLev<T>;
+    type Aspect = TraceAspect;
+}
+
+/// A family of deques, to name one in [`Custom`].
+pub trait DequeKind: Send + Sync + 'static {
+    /// The deque for item type `T`.
+    type Deque<T: Send + 'static>: WorkerDeque<T>;
+}
+
+/// [`ChaseLev`] deques.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChaseLevKind;
+impl DequeKind for ChaseLevKind {
+    type Deque<T: Send + 'static> = ChaseLev<T>;
+}
+
+/// [`LockedDeque`]s.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LockedKind;
+impl DequeKind for LockedKind {
+    type Deque<T: Send + 'static> = LockedDeque<T>;
+}
+
+/// A configuration assembled from its parts, e.g.
+/// `Custom<ct_context::Portable, LockedKind, StatsAspect>`.
+#[derive(Debug)]
+pub struct Custom<P = DefaultPolicy, D = ChaseLevKind, A = NoAspect>(PhantomData<Parts<P, D, A>>);
+
+/// The parts of a [`Custom`] configuration, as a type (never constructed).
+type Parts<P, D, A> = fn() -> (P, D, A);
+
+impl<P: ContextPolicy, D: DequeKind, A: Aspect> Config for Custom<P, D, A> {
+    type Policy = P;
+    type Deque<T: Send + 'static> = D::Deque<T>;
+    type Aspect = A;
+}

@@ -1,0 +1,33 @@
+//! The error type of this crate.
+
+/// Errors from building a runtime or creating threads.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The worker count is zero or not a number.
+    #[error("invalid worker count {0:?}: use a positive integer (builder or CT_NUM_WORKERS)")]
+    InvalidWorkers(String),
+    /// The stack size is invalid.
+    #[error(
+        "invalid stack size {0:?}: use a byte count of at least 16 KiB (builder or CT_STACK_SIZE)"
+    )]
+    InvalidStackSize(String),
+    /// The stack cannot hold a thread's bookkeeping.
+    #[error("stack of {requested} bytes is too small for a thread")]
+    StackTooSmall {
+        /// Requested size in bytes.
+        requested: usize,
+    },
+    /// A stack could not be created.
+    #[error(
+        "cannot create a thread stack: {0} (too many live threads for `vm.max_map_count`? \
+         each guarded stack uses two memory mappings)"
+    )]
+    Stack(#[source] ct_context::Error),
+    /// A worker thread could not be started.
+    #[error("cannot start worker thread: {0}")]
+    Spawn(#[source] std::io::Error),
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

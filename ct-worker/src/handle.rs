@@ -1,0 +1,356 @@
+//! Spawning and joining user-level threads.
+
+use core::convert::Infallible;
+use core::marker::PhantomData;
+use core::ptr::NonNull;
+use std::panic::{self, AssertUnwindSafe};
+use std::thread;
+
+use ct_context::make_context_with;
+
+use crate::config::{Config, DefaultConfig};
+use crate::os_waiter::OsWaiter;
+use crate::pool::{GLOBAL, StackBlock};
+use crate::runtime::Shared;
+use crate::task::{TaskDesc, TaskRef};
+use crate::worker::Worker;
+
+/// An owned permission to join a user-level thread, like
+/// [`std::thread::JoinHandle`]. Dropping it detaches the thread.
+///
+/// A handle may be joined from any user-level thread (the joiner is parked,
+/// not its worker) or from a plain OS thread (which blocks).
+pub struct JoinHandle<T, C: Config = DefaultConfig> {
+    desc: NonNull<TaskDesc<C>>,
+    _result: PhantomData<T>,
+}
+
+// SAFETY: the handle only gives access to the result (a `T`), which is `Send`.
+unsafe impl<T: Send, C: Config> Send for JoinHandle<T, C> {}
+// SAFETY: `&JoinHandle` only allows `is_finished`, an atomic load.
+unsafe impl<T: Send, C: Config> Sync for JoinHandle<T, C> {}
+
+impl<T, C: Config> JoinHandle<T, C> {
+    fn task(&self) -> TaskRef<C> {
+        TaskRef::new(self.desc)
+    }
+
+    /// Whether the thread has finished (joining will not block).
+    pub fn is_finished(&self) -> bool {
+        self.task().desc().join.is_finished()
+    }
+
+    /// Waits for the thread and returns its result, or the payload of the
+    /// panic that ended it.
+    pub fn try_join(self) -> thread::Result<T> {
+        let task = self.task();
+        core::mem::forget(self);
+        // SAFETY: the handle is the only joiner and is consumed.
+        let r = unsafe { wait_and_take::<C, T>(task) };
+        // SAFETY: the thread is finished and its handle consumed.
+        unsafe { free_desc(task.ptr()) };
+        r
+    }
+
+    /// Waits for the thread and returns its result; re-raises its panic.
+    pub fn join(self) -> T {
+        match self.try_join() {
+            Ok(v) => v,
+            Err(p) => panic::resume_unwind(p),
+        }
+    }
+}
+
+impl<T, C: Config> Drop for JoinHandle<T, C> {
+    fn drop(&mut self) {
+        let task = self.task();
+        if !task.desc().join.detach() {
+            // Already finished: nobody else will free it.
+            // SAFETY: the thread is finished and its handle is going away.
+            unsafe { free_desc(task.ptr()) };
+        }
+    }
+}
+
+impl<T, C: Config> core::fmt::Debug for JoinHandle<T, C> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("JoinHandle")
+            .field("finished", &self.is_finished())
+            .finish()
+    }
+}
+
+/// Frees a finished thread's descriptor from wherever we are.
+///
+/// # Safety
+///
+/// Nobody may use `d` any more.
+unsafe fn free_desc<C: Config>(d: NonNull<TaskDesc<C>>) {
+    match Worker::<C>::current() {
+        // SAFETY: forwarded contract.
+        Some(w) => unsafe { w.free_desc(d) },
+        // Outside the runtime there is no pool at hand (descriptors do not
+        // point back to their runtime): release the descriptor. The owning
+        // worker simply allocates a fresh one when its pool runs dry.
+        // SAFETY: forwarded contract; descriptors are boxes.
+        None => unsafe { drop(Box::from_raw(d.as_ptr())) },
+    }
+}
+
+/// The body of every user-level thread: runs `f` with panics caught, stores
+/// the result, drops the thread's ULT-locals and exits.
+fn thread_main<C: Config, F, T>(me: TaskRef<C>, f: F) -> Infallible
+where
+    F: FnOnce() -> T,
+{
+    let r = panic::catch_unwind(AssertUnwindSafe(f));
+    // ULT-local destructors run on the thread itself, like thread-locals'.
+    // SAFETY: only the running thread touches its locals.
+    let locals = unsafe { (*me.desc().locals.get()).take() };
+    if panic::catch_unwind(AssertUnwindSafe(move || drop(locals))).is_err() {
+        eprintln!("ct-worker: a ULT-local destructor panicked; the panic was ignored");
+    }
+    // SAFETY: stored once, by the thread itself, before it finishes.
+    unsafe { me.desc().write_packet(r) };
+    // The thread may have migrated: exit through the worker we are on now.
+    let w = Worker::<C>::current().expect("a user-level thread runs on a worker");
+    // SAFETY: our last action; nothing with a destructor is left on the stack.
+    unsafe { w.exit(me) }
+}
+
+/// Work-first spawn on worker `w`, from its running thread.
+///
+/// # Safety
+///
+/// Everything `f` borrows must outlive the thread.
+pub(crate) unsafe fn spawn_on<C: Config, F, T>(w: &Worker<C>, f: F) -> JoinHandle<T, C>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    let desc = w.alloc_desc();
+    // SAFETY: forwarded contract; the descriptor is fresh.
+    unsafe { fork_on::<C, F, T>(w, TaskRef::new(desc), f) };
+    JoinHandle {
+        desc,
+        _result: PhantomData,
+    }
+}
+
+/// Forks `f` as thread `child` (a fresh descriptor) on `w`.
+///
+/// # Safety
+///
+/// Called from `w`'s running thread; everything `f` borrows must outlive the
+/// thread; `child` must stay valid until it is joined.
+unsafe fn fork_on<C: Config, F, T>(w: &Worker<C>, child: TaskRef<C>, f: F)
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    let stack = w.alloc_stack();
+    child.desc().stack.set(Some(stack));
+    // SAFETY: called from `w`'s running thread; `child` is fresh and runs on
+    // `stack`.
+    unsafe { w.suspend_to_new(child, stack, move || thread_main::<C, F, T>(child, f)) };
+}
+
+/// Spawn from outside the runtime: the thread is created suspended and put on
+/// the global injector.
+///
+/// # Safety
+///
+/// Everything `f` borrows must outlive the thread.
+pub(crate) unsafe fn spawn_injected<C: Config, F, T>(shared: &Shared<C>, f: F) -> JoinHandle<T, C>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    let desc = match shared.descs.take_global() {
+        Some(d) => {
+            // SAFETY: a cached descriptor is free and ours.
+            unsafe { d.as_ref().reset(shared.id) };
+            d
+        }
+        None => {
+            let d = TaskDesc::<C>::create(GLOBAL);
+            // SAFETY: fresh and ours.
+            unsafe { d.as_ref().reset(shared.id) };
+            d
+        }
+    };
+    let stack = match shared.stacks.take_global() {
+        Some(s) => s,
+        None => StackBlock::create(shared.stack_size, GLOBAL)
+            .unwrap_or_else(|e| panic!("ct-worker: cannot spawn a thread: {e}")),
+    };
+    let child = TaskRef::new(desc);
+    child.desc().stack.set(Some(stack));
+    // SAFETY: the stack is fresh and lives until the thread exits.
+    let ctx = unsafe {
+        make_context_with::<C::Policy, _>(StackBlock::region(stack), move |_| {
+            thread_main::<C, F, T>(child, f)
+        })
+    }
+    .unwrap_or_else(|| panic!("ct-worker: the closure does not fit on a thread stack"));
+    // SAFETY: the fresh thread is suspended; nobody else sees it yet.
+    unsafe { child.desc().set_ctx(ctx) };
+    shared.inject(child);
+    JoinHandle {
+        desc,
+        _result: PhantomData,
+    }
+}
+
+/// Spawns a user-level thread on the current runtime (default configuration).
+///
+/// The child runs at once on this worker (work-first); the caller's
+/// continuation can be stolen by other workers meanwhile.
+///
+/// # Panics
+///
+/// Panics if called outside a user-level thread of a default-configuration
+/// runtime (use [`Runtime::spawn`](crate::Runtime::spawn) from OS threads), or
+/// if no stack can be allocated.
+pub fn spawn<F, T>(f: F) -> JoinHandle<T>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    spawn_in::<DefaultConfig, F, T>(f)
+}
+
+/// [`spawn`] for a runtime of configuration `C`.
+pub fn spawn_in<C: Config, F, T>(f: F) -> JoinHandle<T, C>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    // SAFETY: `F` and `T` are 'static.
+    unsafe { spawn_unchecked_in::<C, F, T>(f) }
+}
+
+/// Spawns without lifetime bounds, from a user-level thread of a `C` runtime.
+///
+/// # Safety
+///
+/// Everything `f` borrows must outlive the thread.
+pub(crate) unsafe fn spawn_unchecked_in<C: Config, F, T>(f: F) -> JoinHandle<T, C>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    match Worker::<C>::current().filter(|w| w.running().is_some()) {
+        // SAFETY: forwarded contract.
+        Some(w) => unsafe { spawn_on(w, f) },
+        None => panic!(
+            "ct-worker: spawn called outside a user-level thread of a runtime with this \
+             configuration; start the program with Runtime::block_on or use Runtime::spawn"
+        ),
+    }
+}
+
+/// Runs `a` and `b`, potentially in parallel, and returns both results, like
+/// `rayon::join`: `a` runs at once in a new user-level thread while the
+/// caller's continuation (which runs `b`) may be stolen. Both closures may
+/// borrow from the caller. Outside a runtime both run sequentially.
+///
+/// If either panics, the panic is re-raised after both have finished (`a`'s
+/// first).
+pub fn join<A, B, RA, RB>(a: A, b: B) -> (RA, RB)
+where
+    A: FnOnce() -> RA + Send,
+    B: FnOnce() -> RB + Send,
+    RA: Send,
+    RB: Send,
+{
+    join_in::<DefaultConfig, A, B, RA, RB>(a, b)
+}
+
+/// [`join`] for a runtime of configuration `C`.
+pub fn join_in<C: Config, A, B, RA, RB>(a: A, b: B) -> (RA, RB)
+where
+    A: FnOnce() -> RA + Send,
+    B: FnOnce() -> RB + Send,
+    RA: Send,
+    RB: Send,
+{
+    let Some(w) = Worker::<C>::current() else {
+        return (a(), b());
+    };
+    let Some(parent) = w.running() else {
+        return (a(), b());
+    };
+    // `a`'s descriptor lives in this frame: we join it before returning.
+    // It needs no destructor: its result is always taken, and a thread drops
+    // its own ULT-locals.
+    let desc = core::mem::ManuallyDrop::new(TaskDesc::<C>::new_unpooled(w.shared.id));
+    desc.private_parent.set(Some(parent.ptr()));
+    let child = TaskRef::new(NonNull::from(&*desc));
+    // SAFETY: `a`'s thread is joined below, on every path, before `desc` and
+    // the borrows of `a` end.
+    unsafe { fork_on::<C, A, RA>(w, child, a) };
+    let rb = panic::catch_unwind(AssertUnwindSafe(b));
+    // SAFETY: `child` is ours to join, once.
+    let ra = unsafe { wait_and_take::<C, RA>(child) };
+    match (ra, rb) {
+        (Ok(ra), Ok(rb)) => (ra, rb),
+        (Err(p), _) | (_, Err(p)) => panic::resume_unwind(p),
+    }
+}
+
+/// Waits until `task` has finished and takes its result.
+///
+/// # Safety
+///
+/// The caller must be the only joiner of `task`, and join it once.
+#[inline]
+unsafe fn wait_and_take<C: Config, T>(task: TaskRef<C>) -> thread::Result<T> {
+    let desc = task.desc();
+    if !desc.join.is_finished() {
+        // SAFETY: forwarded contract.
+        unsafe { wait_finished(task) };
+    }
+    // SAFETY: finished (acquire), and only we take the result.
+    unsafe { desc.take_packet::<T>() }
+}
+
+/// Parks the caller until `task` has finished.
+///
+/// # Safety
+///
+/// As for [`wait_and_take`].
+#[inline(never)]
+unsafe fn wait_finished<C: Config>(task: TaskRef<C>) {
+    let desc = task.desc();
+    match Worker::<C>::current().filter(|w| w.running().is_some()) {
+        // SAFETY: we run on `w` as its running thread; registering happens
+        // after our context is saved.
+        Some(w) => unsafe {
+            w.cond_suspend_to_sched(|me| desc.join.register(me.word()));
+        },
+        None => {
+            let waiter = OsWaiter::new();
+            if desc.join.register(waiter.word()) {
+                waiter.wait();
+            }
+        }
+    }
+    debug_assert!(desc.join.is_finished());
+}
+
+/// Lets other user-level threads of this worker run. Outside a runtime, yields
+/// the OS thread.
+pub fn yield_now() {
+    yield_now_in::<DefaultConfig>();
+}
+
+/// [`yield_now`] for a runtime of configuration `C`.
+pub fn yield_now_in<C: Config>() {
+    match Worker::<C>::current().filter(|w| w.running().is_some()) {
+        // SAFETY: we are `w`'s running thread; the ontop function makes us
+        // runnable again after our context is saved.
+        Some(w) => unsafe { w.yield_running() },
+        None => thread::yield_now(),
+    }
+}

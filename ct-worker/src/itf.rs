@@ -1,0 +1,119 @@
+//! The threading interface higher layers are written against, with two
+//! implementations: this crate's user-level threads ([`Ult`]) and plain OS
+//! threads ([`OsThreads`]).
+//!
+//! `ct-sync`, `ct-delegate` and the DSM are generic over [`UltItf`], so the
+//! same mutex or delegator runs on user-level threads or on OS threads — the
+//! seed's "composable on top of another scheduler".
+
+use core::marker::PhantomData;
+
+use crate::config::{Config, DefaultConfig};
+use crate::handle::{JoinHandle, spawn_in, yield_now_in};
+use crate::suspended::SuspendedThread;
+use crate::worker::current_info;
+
+/// A slot for one parked thread; see [`SuspendedThread`] for the semantics.
+pub trait SuspendedThreadItf: Default + Send + Sync + 'static {
+    /// Parks the caller here unless `decide` (run once the caller can be woken)
+    /// returns `false`. Returns whether the caller parked.
+    fn wait_with(&self, decide: impl FnOnce() -> bool) -> bool;
+    /// Makes the parked thread runnable. Returns whether one was parked.
+    fn notify(&self) -> bool;
+    /// Runs the parked thread now if the implementation can switch to it
+    /// (otherwise like `notify`). Returns whether one was parked.
+    fn enter(&self) -> bool;
+    /// Parks the caller in `self` and runs the thread parked in `next`.
+    fn swap(&self, next: &Self);
+    /// Conditional `swap`; returns whether the caller parked.
+    fn swap_with(&self, next: &Self, decide: impl FnOnce() -> bool) -> bool;
+    /// Whether no thread is parked here.
+    fn is_empty(&self) -> bool;
+}
+
+/// A handle to join a spawned thread.
+pub trait JoinHandleItf<T>: Send {
+    /// Waits for the thread; re-raises its panic.
+    fn join(self) -> T;
+    /// Whether the thread has finished.
+    fn is_finished(&self) -> bool;
+}
+
+/// What a threading library offers to the layers above it.
+pub trait UltItf: Send + Sync + 'static {
+    /// Parked-thread slot.
+    type SuspendedThread: SuspendedThreadItf;
+    /// Join handle of a spawned thread.
+    type JoinHandle<T: Send + 'static>: JoinHandleItf<T>;
+    /// Starts a thread.
+    fn spawn<F, T>(f: F) -> Self::JoinHandle<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static;
+    /// Lets other threads run.
+    fn yield_now();
+    /// Index of the worker (or OS thread slot) running the caller, below
+    /// [`UltItf::num_workers`] for user-level threads.
+    fn worker_index() -> usize;
+    /// Number of workers.
+    fn num_workers() -> usize;
+}
+
+/// This crate's user-level threads, for a runtime of configuration `C`.
+#[derive(Debug)]
+pub struct Ult<C: Config = DefaultConfig>(PhantomData<fn() -> C>);
+
+impl<C: Config> SuspendedThreadItf for SuspendedThread<C> {
+    fn wait_with(&self, decide: impl FnOnce() -> bool) -> bool {
+        SuspendedThread::wait_with(self, decide)
+    }
+    fn notify(&self) -> bool {
+        SuspendedThread::notify(self)
+    }
+    fn enter(&self) -> bool {
+        SuspendedThread::enter(self)
+    }
+    fn swap(&self, next: &Self) {
+        SuspendedThread::swap(self, next)
+    }
+    fn swap_with(&self, next: &Self, decide: impl FnOnce() -> bool) -> bool {
+        SuspendedThread::swap_with(self, next, decide)
+    }
+    fn is_empty(&self) -> bool {
+        SuspendedThread::is_empty(self)
+    }
+}
+
+impl<T: Send + 'static, C: Config> JoinHandleItf<T> for JoinHandle<T, C> {
+    fn join(self) -> T {
+        JoinHandle::join(self)
+    }
+    fn is_finished(&self) -> bool {
+        JoinHandle::is_finished(self)
+    }
+}
+
+impl<C: Config> UltItf for Ult<C> {
+    type SuspendedThread = SuspendedThread<C>;
+    type JoinHandle<T: Send + 'static> = JoinHandle<T, C>;
+
+    fn spawn<F, T>(f: F) -> JoinHandle<T, C>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        spawn_in::<C, F, T>(f)
+    }
+
+    fn yield_now() {
+        yield_now_in::<C>();
+    }
+
+    fn worker_index() -> usize {
+        current_info().map_or(0, |(_, i, _)| i)
+    }
+
+    fn num_workers() -> usize {
+        current_info().map_or(1, |(_, _, n)| n)
+    }
+}

@@ -1,0 +1,118 @@
+//! Work-stealing user-level threads.
+//!
+//! A MassiveThreads-style scheduler built on `ct-context`'s ontop context
+//! switches (ComposableThreads, Endo 2020, §5.2.2–5.3):
+//!
+//! - **Work-first fork**: [`spawn`] runs the child at once; the parent's
+//!   continuation goes to the owner end of the worker's Chase–Lev deque, where
+//!   idle workers can steal it. Without steals, a fork and its join cost a few
+//!   dozen nanoseconds and two stack switches.
+//! - **Random-victim stealing** with a per-worker xorshift generator; idle
+//!   workers spin briefly, yield, then sleep (waking when work is injected),
+//!   so an idle runtime does not burn the machine's cores.
+//! - **Join parks the joiner** in the child's descriptor; an exiting child
+//!   hands control straight to a waiting joiner.
+//! - **Suspended threads** ([`SuspendedThread`]): the slot every blocking
+//!   construct of the higher crates (mutexes, condition variables,
+//!   delegators, DSM waits) is built on.
+//! - **Per-worker pools** of stacks and descriptors that return memory to the
+//!   worker that allocated it.
+//! - **Aspects** ([`Aspect`]): zero-cost by default; [`StatsConfig`] counts
+//!   scheduler events, [`TraceConfig`] writes a Chrome trace (`CT_TRACE=file`).
+//! - **[`UltItf`]**: the interface higher layers are written against, also
+//!   implemented for plain OS threads ([`OsThreads`]).
+//!
+//! # Example
+//!
+//! ```
+//! fn fib(n: u64) -> u64 {
+//!     if n < 2 {
+//!         return n;
+//!     }
+//!     let (a, b) = ct_worker::join(|| fib(n - 1), || fib(n - 2));
+//!     a + b
+//! }
+//!
+//! let rt = ct_worker::Runtime::builder().workers(2).build().unwrap();
+//! assert_eq!(rt.block_on(|| fib(20)), 6765);
+//!
+//! // Threads that block and are resumed elsewhere:
+//! let r = rt.block_on(|| {
+//!     let h = ct_worker::spawn(|| {
+//!         ct_worker::yield_now();
+//!         ct_worker::current_worker_index().unwrap() < 2
+//!     });
+//!     h.join()
+//! });
+//! assert!(r);
+//! ```
+//!
+//! # Configuration
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `CT_NUM_WORKERS` | worker OS threads | available CPUs |
+//! | `CT_STACK_SIZE` | stack size per thread (`k`/`M` suffixes) | 128 KiB |
+//! | `CT_TRACE` | trace file of [`TraceConfig`] runtimes | none |
+//!
+//! Builder settings override the environment.
+//!
+//! # Thread-locals
+//!
+//! A user-level thread may resume on another OS thread after any blocking
+//! call (`join`, `yield_now`, a mutex). Do not hold a `thread_local!`
+//! reference across such calls; use [`ult_local!`] for per-thread state that
+//! follows the user-level thread.
+
+#![warn(missing_docs)]
+
+mod aspect;
+mod config;
+mod deque;
+mod error;
+mod handle;
+mod itf;
+mod join_state;
+mod local;
+mod os;
+mod os_waiter;
+mod parallel;
+mod pool;
+mod remote_list;
+mod rng;
+mod runtime;
+mod scope;
+mod suspended;
+mod sync;
+mod task;
+mod worker;
+
+pub use aspect::{Aspect, AspectInit, NoAspect, StatsAspect, TraceAspect, WorkerStats};
+pub use config::{
+    ChaseLevKind, Config, Custom, DefaultConfig, DequeKind, LockedKind, StatsConfig, TraceConfig,
+};
+pub use deque::{
+    ChaseLev, ChaseLevStealer, DequeStealer, LockedDeque, LockedStealer, Steal, WorkerDeque,
+};
+pub use error::{Error, Result};
+pub use handle::{JoinHandle, join, join_in, spawn, spawn_in, yield_now, yield_now_in};
+pub use itf::{JoinHandleItf, SuspendedThreadItf, Ult, UltItf};
+pub use local::UltLocalKey;
+pub use os::{OsSuspendedThread, OsThreads};
+pub use parallel::{parallel_for, parallel_for_in};
+pub use runtime::{Builder, DEFAULT_STACK_SIZE, Runtime};
+pub use scope::{Scope, ScopedJoinHandle, scope, scope_in};
+pub use suspended::SuspendedThread;
+
+/// Index of the worker running the caller, or `None` outside any runtime.
+///
+/// A user-level thread may move to another worker whenever it blocks or
+/// yields, so the value is only a snapshot.
+pub fn current_worker_index() -> Option<usize> {
+    worker::current_info().map(|(_, i, _)| i)
+}
+
+/// Number of workers of the runtime running the caller (1 outside a runtime).
+pub fn num_workers() -> usize {
+    worker::current_info().map_or(1, |(_, _, n)| n)
+}

@@ -1,0 +1,489 @@
+//! The runtime: worker OS threads, the global injector, idle backoff and
+//! sleeping, and the builder.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{self, Thread};
+use std::time::Duration;
+
+use crossbeam_deque::Injector;
+use crossbeam_utils::CachePadded;
+
+use crate::aspect::{Aspect, AspectInit};
+use crate::config::{Config, DefaultConfig};
+use crate::deque::WorkerDeque;
+use crate::error::{Error, Result};
+use crate::handle::JoinHandle;
+use crate::pool::SharedPool;
+use crate::task::{TaskDesc, TaskRef};
+use crate::worker::{Worker, current_info};
+
+/// Default usable stack size of a user-level thread: 128 KiB (with a guard
+/// page below it). Only touched pages cost memory.
+pub const DEFAULT_STACK_SIZE: usize = 128 * 1024;
+
+static NEXT_RUNTIME_ID: AtomicUsize = AtomicUsize::new(1);
+
+type Registered = (usize, std::sync::Weak<dyn std::any::Any + Send + Sync>);
+
+/// Live runtimes by id, so that code outside a runtime (an OS thread waking a
+/// user-level thread) can find where to queue it, and finds nothing once the
+/// runtime is gone.
+static REGISTRY: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
+
+/// The runtime with id `id`, if it is still alive and of configuration `C`.
+pub(crate) fn lookup<C: Config>(id: usize) -> Option<Arc<Shared<C>>> {
+    let reg = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    let (_, weak) = reg.iter().find(|(i, _)| *i == id)?;
+    weak.upgrade()?.downcast::<Shared<C>>().ok()
+}
+
+/// Spin rounds (with exponential pause counts) before an idle worker yields.
+const IDLE_SPINS: u32 = 12;
+/// `thread::yield_now` rounds before an idle worker sleeps.
+const IDLE_YIELDS: u32 = 6;
+/// First and longest sleep of an idle worker. Sleeping is timed so that a
+/// wake-up missed by the (deliberately unfenced) fork path costs at most this
+/// much parallelism; an idle runtime wakes a few hundred times a second at
+/// most.
+const SLEEP_MIN: Duration = Duration::from_micros(200);
+const SLEEP_MAX: Duration = Duration::from_millis(10);
+
+/// Idle workers, and how to wake them.
+pub(crate) struct Sleep {
+    sleepers: CachePadded<AtomicUsize>,
+    sleeping: Mutex<Vec<usize>>,
+    threads: Vec<OnceLock<Thread>>,
+}
+
+impl Sleep {
+    fn new(workers: usize) -> Self {
+        Sleep {
+            sleepers: CachePadded::new(AtomicUsize::new(0)),
+            sleeping: Mutex::new(Vec::with_capacity(workers)),
+            threads: (0..workers).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<usize>> {
+        self.sleeping.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// After a local push: wakes a sleeping worker if one is seen. Without a
+    /// fence, a worker falling asleep at this very moment can be missed; it
+    /// then sleeps at most [`SLEEP_MAX`] before looking again.
+    #[inline]
+    pub(crate) fn notify_relaxed(&self) {
+        if self.sleepers.load(Ordering::Relaxed) != 0 {
+            self.wake_one();
+        }
+    }
+
+    /// After an injection from outside: never misses a sleeping worker.
+    pub(crate) fn notify_fenced(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::Relaxed) != 0 {
+            self.wake_one();
+        }
+    }
+
+    fn wake_one(&self) {
+        let mut s = self.lock();
+        if let Some(w) = s.pop() {
+            self.sleepers.fetch_sub(1, Ordering::Relaxed);
+            drop(s);
+            if let Some(t) = self.threads[w].get() {
+                t.unpark();
+            }
+        }
+    }
+
+    fn wake_all(&self) {
+        let mut s = self.lock();
+        self.sleepers.fetch_sub(s.len(), Ordering::Relaxed);
+        s.clear();
+        drop(s);
+        for t in self.threads.iter().filter_map(|t| t.get()) {
+            t.unpark();
+        }
+    }
+
+    /// Worker `w` sleeps for up to `timeout` unless `work_visible` (checked
+    /// after announcing the sleep) finds something to do.
+    fn sleep(&self, w: usize, timeout: Duration, work_visible: impl FnOnce() -> bool) {
+        {
+            let mut s = self.lock();
+            s.push(w);
+            // A full fence (locked RMW): pairs with `notify_fenced`.
+            self.sleepers.fetch_add(1, Ordering::SeqCst);
+        }
+        if !work_visible() {
+            thread::park_timeout(timeout);
+        }
+        let mut s = self.lock();
+        if let Some(pos) = s.iter().position(|&x| x == w) {
+            s.swap_remove(pos);
+            self.sleepers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The stealer of a `C` runtime's worker deque.
+pub(crate) type Stealer<C> = <<C as Config>::Deque<TaskRef<C>> as WorkerDeque<TaskRef<C>>>::Stealer;
+
+/// State shared by the workers of one runtime.
+pub(crate) struct Shared<C: Config> {
+    pub(crate) id: usize,
+    pub(crate) workers: usize,
+    pub(crate) stealers: Vec<Stealer<C>>,
+    pub(crate) injector: Injector<TaskRef<C>>,
+    pub(crate) descs: SharedPool<TaskDesc<C>>,
+    pub(crate) stacks: SharedPool<crate::pool::StackBlock>,
+    pub(crate) stack_size: usize,
+    pub(crate) sleep: Sleep,
+    shutdown: AtomicBool,
+    pub(crate) aspect: C::Aspect,
+}
+
+/// Configures and starts a [`Runtime`].
+///
+/// ```
+/// let rt = ct_worker::Runtime::builder().workers(2).stack_size(64 * 1024).build().unwrap();
+/// assert_eq!(rt.block_on(|| ct_worker::num_workers()), 2);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Builder {
+    workers: Option<usize>,
+    stack_size: Option<usize>,
+    name: String,
+    trace_path: Option<PathBuf>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Builder {
+            workers: None,
+            stack_size: None,
+            name: "ct-worker".to_string(),
+            trace_path: None,
+        }
+    }
+}
+
+fn env_usize(var: &str, err: fn(String) -> Error) -> Result<Option<usize>> {
+    match std::env::var(var) {
+        Ok(v) => parse_size(&v).map(Some).ok_or_else(|| err(v)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Parses `123`, `64k`, `2M` (binary units).
+fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 1024),
+        'm' | 'M' => (&s[..s.len() - 1], 1024 * 1024),
+        _ => (s, 1),
+    };
+    num.trim().parse::<usize>().ok()?.checked_mul(mult)
+}
+
+impl Builder {
+    /// Number of worker OS threads. Default: `CT_NUM_WORKERS`, else the
+    /// number of CPUs available to the process.
+    pub fn workers(mut self, n: usize) -> Self {
+        self.workers = Some(n);
+        self
+    }
+
+    /// Usable stack size of each user-level thread (a guard page is added).
+    /// Default: `CT_STACK_SIZE` (accepts `k`/`M` suffixes), else
+    /// [`DEFAULT_STACK_SIZE`].
+    pub fn stack_size(mut self, bytes: usize) -> Self {
+        self.stack_size = Some(bytes);
+        self
+    }
+
+    /// Prefix of the worker threads' names (default `ct-worker`; workers are
+    /// named `<prefix>-<index>`).
+    pub fn thread_name(mut self, prefix: impl Into<String>) -> Self {
+        self.name = prefix.into();
+        self
+    }
+
+    /// Where a [`TraceAspect`](crate::TraceAspect) writes its trace (overrides
+    /// `CT_TRACE`). Ignored by other aspects.
+    pub fn trace_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.trace_path = Some(path.into());
+        self
+    }
+
+    /// Starts a runtime with the default configuration.
+    pub fn build(self) -> Result<Runtime> {
+        self.build_with::<DefaultConfig>()
+    }
+
+    /// Starts a runtime with configuration `C`.
+    pub fn build_with<C: Config>(self) -> Result<Runtime<C>> {
+        let workers = match self.workers {
+            Some(0) => return Err(Error::InvalidWorkers("0".into())),
+            Some(n) => n,
+            None => match env_usize("CT_NUM_WORKERS", Error::InvalidWorkers)? {
+                Some(0) => return Err(Error::InvalidWorkers("0".into())),
+                Some(n) => n,
+                None => thread::available_parallelism().map_or(1, |n| n.get()),
+            },
+        };
+        let stack_size = match self.stack_size {
+            Some(s) => s,
+            None => {
+                env_usize("CT_STACK_SIZE", Error::InvalidStackSize)?.unwrap_or(DEFAULT_STACK_SIZE)
+            }
+        };
+        if stack_size < ct_context::MmapStack::MIN_SIZE {
+            return Err(Error::InvalidStackSize(stack_size.to_string()));
+        }
+        let mut deques = Vec::with_capacity(workers);
+        let mut stealers = Vec::with_capacity(workers);
+        for _ in 0..workers {
+            let (d, s) = <C::Deque<TaskRef<C>> as WorkerDeque<TaskRef<C>>>::new();
+            deques.push(d);
+            stealers.push(s);
+        }
+        let shared = Arc::new(Shared::<C> {
+            id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
+            workers,
+            stealers,
+            injector: Injector::new(),
+            descs: SharedPool::new(workers),
+            stacks: SharedPool::new(workers),
+            stack_size,
+            sleep: Sleep::new(workers),
+            shutdown: AtomicBool::new(false),
+            aspect: C::Aspect::new(&AspectInit {
+                workers,
+                trace_path: self.trace_path.clone(),
+            }),
+        });
+        // Check the stack size now rather than at the first spawn.
+        let probe = crate::pool::StackBlock::create(stack_size, crate::pool::GLOBAL)?;
+        // SAFETY: the fresh block is unused; it becomes the first cached stack.
+        unsafe { shared.stacks.free(probe, None) };
+        {
+            let any: Arc<dyn std::any::Any + Send + Sync> = shared.clone();
+            REGISTRY
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((shared.id, Arc::downgrade(&any)));
+        }
+
+        let mut threads = Vec::with_capacity(workers);
+        for (index, deque) in deques.into_iter().enumerate() {
+            let sh = shared.clone();
+            let spawned = thread::Builder::new()
+                .name(format!("{}-{index}", self.name))
+                .spawn(move || worker_main(sh, index, deque));
+            match spawned {
+                Ok(h) => threads.push(h),
+                Err(e) => {
+                    let rt = Runtime { shared, threads };
+                    drop(rt);
+                    return Err(Error::Spawn(e));
+                }
+            }
+        }
+        Ok(Runtime { shared, threads })
+    }
+}
+
+fn worker_main<C: Config>(shared: Arc<Shared<C>>, index: usize, deque: C::Deque<TaskRef<C>>) {
+    ct_context::trap::ensure_alt_stack();
+    let _ = shared.sleep.threads[index].set(thread::current());
+    let worker = Box::new(Worker::new(shared.clone(), index, deque));
+    worker.enter();
+    run_loop(&worker);
+    worker.leave();
+    worker.clear_pools();
+}
+
+/// The scheduler loop of one worker.
+fn run_loop<C: Config>(w: &Worker<C>) {
+    let shared = &*w.shared;
+    let mut idle_rounds = 0u32;
+    loop {
+        if let Some(t) = w.find_work() {
+            if idle_rounds != 0 {
+                shared.aspect.idle_end(w.index);
+                idle_rounds = 0;
+            }
+            // SAFETY: found work is suspended and ours to run.
+            unsafe { w.execute(t) };
+            continue;
+        }
+        if shared.shutdown.load(Ordering::Acquire) {
+            break;
+        }
+        if idle_rounds == 0 {
+            shared.aspect.idle_begin(w.index);
+        }
+        idle_rounds += 1;
+        if idle_rounds <= IDLE_SPINS {
+            for _ in 0..1u32 << idle_rounds.min(6) {
+                core::hint::spin_loop();
+            }
+        } else if idle_rounds <= IDLE_SPINS + IDLE_YIELDS {
+            thread::yield_now();
+        } else {
+            let doublings = (idle_rounds - IDLE_SPINS - IDLE_YIELDS).min(16);
+            let timeout = SLEEP_MIN.saturating_mul(1 << doublings).min(SLEEP_MAX);
+            shared.sleep.sleep(w.index, timeout, || {
+                w.work_visible() || shared.shutdown.load(Ordering::Acquire)
+            });
+        }
+    }
+    if idle_rounds != 0 {
+        shared.aspect.idle_end(w.index);
+    }
+}
+
+/// A pool of worker OS threads running user-level threads.
+///
+/// Dropping the runtime lets the workers finish every runnable thread, then
+/// stops them. Threads that are blocked forever at that point are abandoned
+/// (their memory is leaked, their destructors do not run), as with OS threads
+/// at process exit.
+pub struct Runtime<C: Config = DefaultConfig> {
+    shared: Arc<Shared<C>>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+impl Runtime {
+    /// A runtime with the default configuration and worker count.
+    pub fn new() -> Result<Runtime> {
+        Builder::default().build()
+    }
+
+    /// A builder for a runtime.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+}
+
+impl<C: Config> Runtime<C> {
+    /// Number of workers.
+    pub fn num_workers(&self) -> usize {
+        self.shared.workers
+    }
+
+    /// The aspect instance (e.g. to read [`StatsAspect`](crate::StatsAspect)
+    /// counters).
+    pub fn aspect(&self) -> &C::Aspect {
+        &self.shared.aspect
+    }
+
+    /// Whether the calling code runs on one of this runtime's workers.
+    pub fn is_current(&self) -> bool {
+        current_info().is_some_and(|(id, _, _)| id == self.shared.id)
+    }
+
+    /// Runs `f` as a user-level thread and returns its value on the calling
+    /// OS thread, which blocks meanwhile. A panic in `f` is re-raised here.
+    ///
+    /// Called from one of this runtime's own threads, it simply runs `f`.
+    pub fn block_on<F, T>(&self, f: F) -> T
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        if self.is_current() {
+            return f();
+        }
+        // SAFETY: we join the thread before returning, so everything `f`
+        // borrows outlives it.
+        let h = unsafe { self.spawn_unchecked(f) };
+        h.join()
+    }
+
+    /// Starts `f` as a user-level thread from anywhere: work-first when called
+    /// on one of this runtime's workers, otherwise through the global queue.
+    pub fn spawn<F, T>(&self, f: F) -> JoinHandle<T, C>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        // SAFETY: `F` and `T` are 'static.
+        unsafe { self.spawn_unchecked(f) }
+    }
+
+    /// [`Runtime::spawn`] without the `'static` bounds.
+    ///
+    /// # Safety
+    ///
+    /// Everything `f` borrows must outlive the thread (join it before the
+    /// borrows end).
+    pub(crate) unsafe fn spawn_unchecked<F, T>(&self, f: F) -> JoinHandle<T, C>
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        if let Some(w) = Worker::<C>::current().filter(|w| w.shared.id == self.shared.id) {
+            // SAFETY: forwarded contract.
+            return unsafe { crate::handle::spawn_on(w, f) };
+        }
+        // SAFETY: forwarded contract.
+        unsafe { crate::handle::spawn_injected(&self.shared, f) }
+    }
+}
+
+impl<C: Config> Shared<C> {
+    pub(crate) fn inject(&self, t: TaskRef<C>) {
+        self.injector.push(t);
+        self.sleep.notify_fenced();
+    }
+}
+
+impl<C: Config> Drop for Runtime<C> {
+    fn drop(&mut self) {
+        if self.is_current() {
+            // Joining our own worker would deadlock.
+            eprintln!(
+                "ct-worker: a runtime was dropped from one of its own threads; its workers are leaked"
+            );
+            return;
+        }
+        REGISTRY
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(id, _)| *id != self.shared.id);
+        self.shared.shutdown.store(true, Ordering::Release);
+        self.shared.sleep.wake_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        self.shared.aspect.finish();
+    }
+}
+
+impl<C: Config> core::fmt::Debug for Runtime<C> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("workers", &self.shared.workers)
+            .field("stack_size", &self.shared.stack_size)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64k"), Some(65536));
+        assert_eq!(parse_size(" 2M "), Some(2 << 20));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size(""), None);
+    }
+}

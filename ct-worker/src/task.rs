@@ -1,0 +1,274 @@
+//! Task descriptors: what the scheduler knows about one user-level thread.
+//!
+//! A descriptor is separate from the thread's stack: the stack goes back to
+//! its pool the moment the thread finishes, while the descriptor (holding the
+//! result) lives until the thread is joined. A program may therefore keep
+//! millions of finished-but-unjoined threads without keeping their stacks.
+
+use core::cell::{Cell, UnsafeCell};
+use core::mem::MaybeUninit;
+use core::ptr::{self, NonNull};
+use std::thread;
+
+use ct_context::Context;
+
+use crate::config::Config;
+use crate::join_state::JoinState;
+use crate::local::LocalMap;
+use crate::pool::{PoolItem, StackBlock};
+use crate::remote_list::Linked;
+
+/// Bytes of a descriptor reserved for the thread's result; larger results
+/// are boxed.
+pub(crate) const PACKET_BYTES: usize = 48;
+
+/// Owner tag of descriptors that are not pooled.
+pub(crate) const UNPOOLED: usize = usize::MAX - 1;
+
+/// The value delivered to a task that is resumed normally.
+pub(crate) const RESUMED: usize = 0;
+/// The value delivered to a task whose conditional suspension was cancelled.
+pub(crate) const CANCELLED: usize = 1;
+
+/// One user-level thread.
+#[repr(C, align(16))]
+pub(crate) struct TaskDesc<C: Config> {
+    next: *mut TaskDesc<C>,
+    owner: usize,
+    /// Id of the runtime the thread belongs to (for wake-ups from outside).
+    pub(crate) runtime_id: Cell<usize>,
+    /// For threads joined only by their parent (`join`): the parent, so that
+    /// the exit path can tell that nobody else can touch the join state.
+    pub(crate) private_parent: Cell<Option<NonNull<TaskDesc<C>>>>,
+    /// The saved context while the thread is suspended.
+    ctx: UnsafeCell<Option<Context<C::Policy>>>,
+    pub(crate) join: JoinState,
+    /// The stack the thread runs on; released when it finishes.
+    pub(crate) stack: Cell<Option<NonNull<StackBlock>>>,
+    /// ULT-local storage, created on first use.
+    pub(crate) locals: UnsafeCell<Option<Box<LocalMap>>>,
+    /// Drops a result that was stored but never taken.
+    drop_packet: Cell<Option<unsafe fn(*mut u8)>>,
+    packet: UnsafeCell<MaybeUninit<[u128; PACKET_BYTES / 16]>>,
+}
+
+// SAFETY: `next` is a field of the descriptor.
+unsafe impl<C: Config> Linked for TaskDesc<C> {
+    fn link(this: *mut Self) -> *mut *mut Self {
+        // SAFETY: `this` is valid per the caller.
+        unsafe { &raw mut (*this).next }
+    }
+}
+
+// SAFETY: descriptors are boxed; `destroy` drops the box after releasing
+// whatever the descriptor still holds.
+unsafe impl<C: Config> PoolItem for TaskDesc<C> {
+    fn owner(this: NonNull<Self>) -> usize {
+        // SAFETY: pooled descriptors are valid.
+        unsafe { this.as_ref().owner }
+    }
+
+    unsafe fn destroy(this: NonNull<Self>) {
+        // SAFETY: a free descriptor is owned by the caller.
+        drop(unsafe { Box::from_raw(this.as_ptr()) });
+    }
+}
+
+impl<C: Config> TaskDesc<C> {
+    /// Allocates a new descriptor owned by `owner`.
+    pub(crate) fn create(owner: usize) -> NonNull<Self> {
+        let b = Box::new(Self::new_value(owner));
+        // SAFETY: `Box::into_raw` is never null.
+        unsafe { NonNull::new_unchecked(Box::into_raw(b)) }
+    }
+
+    /// A descriptor that lives wherever the caller puts it (e.g. on the
+    /// stack of a parent that joins the thread before returning). It never
+    /// enters a pool.
+    pub(crate) fn new_unpooled(runtime_id: usize) -> Self {
+        let d = Self::new_value(UNPOOLED);
+        d.runtime_id.set(runtime_id);
+        d
+    }
+
+    fn new_value(owner: usize) -> Self {
+        TaskDesc {
+            next: ptr::null_mut(),
+            owner,
+            runtime_id: Cell::new(0),
+            private_parent: Cell::new(None),
+            ctx: UnsafeCell::new(None),
+            join: JoinState::new(),
+            stack: Cell::new(None),
+            locals: UnsafeCell::new(None),
+            drop_packet: Cell::new(None),
+            packet: UnsafeCell::new(MaybeUninit::uninit()),
+        }
+    }
+
+    /// Prepares a recycled descriptor for a new thread of runtime `runtime_id`.
+    pub(crate) fn reset(&self, runtime_id: usize) {
+        self.runtime_id.set(runtime_id);
+        self.private_parent.set(None);
+        self.join.reset();
+        debug_assert!(self.stack.get().is_none());
+        debug_assert!(self.drop_packet.get().is_none());
+    }
+
+    /// Stores the saved context of the (now suspended) thread.
+    ///
+    /// # Safety
+    ///
+    /// Only the code that suspends the thread (in an ontop function) may call
+    /// this, and the slot must be empty.
+    #[inline]
+    pub(crate) unsafe fn set_ctx(&self, ctx: Context<C::Policy>) {
+        // SAFETY: exclusive access per the contract.
+        unsafe {
+            debug_assert!((*self.ctx.get()).is_none());
+            *self.ctx.get() = Some(ctx);
+        }
+    }
+
+    /// Takes the saved context to resume the thread.
+    ///
+    /// # Safety
+    ///
+    /// The caller must own the right to resume this thread (it took the task
+    /// from a deque, a waiter slot or a join state).
+    #[inline]
+    pub(crate) unsafe fn take_ctx(&self) -> Context<C::Policy> {
+        // SAFETY: exclusive access per the contract.
+        unsafe { (*self.ctx.get()).take() }.expect("a suspended thread has a saved context")
+    }
+
+    /// Stores the thread's result.
+    ///
+    /// # Safety
+    ///
+    /// Called once per thread, by the thread itself, before it finishes.
+    pub(crate) unsafe fn write_packet<T>(&self, r: thread::Result<T>) {
+        let p = self.packet.get() as *mut u8;
+        // SAFETY: the packet area is ours until the thread is marked finished;
+        // `inline_packet` checks size and alignment.
+        unsafe {
+            if inline_packet::<T>() {
+                ptr::write(p as *mut thread::Result<T>, r);
+            } else {
+                ptr::write(p as *mut Box<thread::Result<T>>, Box::new(r));
+            }
+        }
+        self.drop_packet.set(Some(drop_packet::<T>));
+    }
+
+    /// Takes the thread's result.
+    ///
+    /// # Safety
+    ///
+    /// The thread must have finished (observed with acquire ordering) and its
+    /// result, of type `T`, must not have been taken.
+    pub(crate) unsafe fn take_packet<T>(&self) -> thread::Result<T> {
+        let p = self.packet.get() as *mut u8;
+        debug_assert!(self.drop_packet.get().is_some());
+        self.drop_packet.set(None);
+        // SAFETY: per the contract, a `T` result was written as below.
+        unsafe {
+            if inline_packet::<T>() {
+                ptr::read(p as *mut thread::Result<T>)
+            } else {
+                *ptr::read(p as *mut Box<thread::Result<T>>)
+            }
+        }
+    }
+
+    /// Drops anything the descriptor still holds (an untaken result, locals),
+    /// so that it can be reused or freed.
+    pub(crate) fn clear(&self) {
+        if let Some(d) = self.drop_packet.take() {
+            // SAFETY: `drop_packet` was set together with the packet's contents.
+            unsafe { d(self.packet.get() as *mut u8) };
+        }
+        // SAFETY: the thread is finished; nobody else touches its locals.
+        drop(unsafe { (*self.locals.get()).take() });
+    }
+}
+
+impl<C: Config> Drop for TaskDesc<C> {
+    fn drop(&mut self) {
+        self.clear();
+    }
+}
+
+/// Whether a `thread::Result<T>` fits in the descriptor.
+const fn inline_packet<T>() -> bool {
+    size_of::<thread::Result<T>>() <= PACKET_BYTES && align_of::<thread::Result<T>>() <= 16
+}
+
+unsafe fn drop_packet<T>(p: *mut u8) {
+    // SAFETY: called only on a packet written by `write_packet::<T>`.
+    unsafe {
+        if inline_packet::<T>() {
+            ptr::drop_in_place(p as *mut thread::Result<T>);
+        } else {
+            ptr::drop_in_place(p as *mut Box<thread::Result<T>>);
+        }
+    }
+}
+
+/// A pointer to a descriptor that can travel between workers.
+pub(crate) struct TaskRef<C: Config>(NonNull<TaskDesc<C>>);
+
+impl<C: Config> Clone for TaskRef<C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<C: Config> Copy for TaskRef<C> {}
+
+impl<C: Config> PartialEq for TaskRef<C> {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+// SAFETY: descriptors are handed between workers by the scheduler's
+// protocols, which give one worker at a time the right to touch them.
+unsafe impl<C: Config> Send for TaskRef<C> {}
+
+impl<C: Config> TaskRef<C> {
+    #[inline]
+    pub(crate) fn new(p: NonNull<TaskDesc<C>>) -> Self {
+        TaskRef(p)
+    }
+
+    #[inline]
+    pub(crate) fn ptr(self) -> NonNull<TaskDesc<C>> {
+        self.0
+    }
+
+    /// The descriptor. Valid as long as the protocol that handed out this
+    /// reference says so.
+    #[inline]
+    pub(crate) fn desc<'a>(self) -> &'a TaskDesc<C> {
+        // SAFETY: a `TaskRef` always points to a live descriptor while it is
+        // held (descriptors are freed only after every reference is gone).
+        unsafe { self.0.as_ref() }
+    }
+
+    /// The address as a waiter word (8-byte aligned, low bit clear).
+    #[inline]
+    pub(crate) fn word(self) -> usize {
+        self.0.as_ptr() as usize
+    }
+
+    /// Rebuilds a reference from [`TaskRef::word`].
+    ///
+    /// # Safety
+    ///
+    /// `w` must come from `word` of a live descriptor.
+    #[inline]
+    pub(crate) unsafe fn from_word(w: usize) -> Self {
+        // SAFETY: per the contract, non-null.
+        TaskRef(unsafe { NonNull::new_unchecked(w as *mut TaskDesc<C>) })
+    }
+}

@@ -1,0 +1,643 @@
+//! Workers: one per OS thread, each with a deque, the running task and the
+//! scheduler's own continuation; and the worker operations every blocking
+//! construct is built from.
+//!
+//! All operations follow one pattern: pick the next context, switch to it with
+//! an ontop function that — running after the current thread's context has
+//! been saved — records the saved context in the thread's descriptor and then
+//! publishes the thread (on a deque, in a waiter slot, in a join state). A
+//! thread therefore becomes visible to other workers only once nothing runs on
+//! its stack any more.
+//!
+//! A thread may resume on a different worker than the one it suspended on.
+//! Code must never keep a `&Worker` across a switch; it fetches the current
+//! worker again through [`current_base`], which is never inlined, so that the
+//! compiler cannot cache a thread-local address across the switch.
+
+use core::any::TypeId;
+use core::cell::{Cell, UnsafeCell};
+use core::ptr::{self, NonNull};
+use std::sync::Arc;
+
+use ct_context::{CondResult, Context, cond_swap_with, restore_with, save_with, swap_with};
+
+use crate::aspect::Aspect;
+use crate::config::Config;
+use crate::deque::WorkerDeque;
+use crate::local::LocalMap;
+use crate::pool::{LocalPool, PoolItem, StackBlock};
+use crate::rng::Rng;
+use crate::runtime::Shared;
+use crate::task::{CANCELLED, RESUMED, TaskDesc, TaskRef};
+
+/// Where a thread keeps its ULT-locals.
+pub(crate) type LocalsCell = NonNull<UnsafeCell<Option<Box<LocalMap>>>>;
+
+/// The configuration-independent head of every [`Worker`], which is what the
+/// thread-local pointer refers to.
+#[repr(C)]
+pub(crate) struct WorkerBase {
+    type_id: TypeId,
+    pub(crate) runtime_id: usize,
+    pub(crate) index: usize,
+    pub(crate) workers: usize,
+    /// The ULT-local map of the running thread, if a thread runs.
+    locals: unsafe fn(*const WorkerBase) -> Option<LocalsCell>,
+}
+
+std::thread_local! {
+    static CURRENT: Cell<*const WorkerBase> = const { Cell::new(ptr::null()) };
+}
+
+/// The worker running on this OS thread, if any. Never inlined: see the
+/// module documentation.
+#[inline(never)]
+pub(crate) fn current_base() -> *const WorkerBase {
+    CURRENT.with(|c| c.get())
+}
+
+#[inline(never)]
+fn set_current_base(b: *const WorkerBase) {
+    CURRENT.with(|c| c.set(b));
+}
+
+/// The ULT-local map of the running user-level thread, if any.
+pub(crate) fn current_locals() -> Option<LocalsCell> {
+    let b = current_base();
+    if b.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null base belongs to the live worker of this OS thread.
+    unsafe { ((*b).locals)(b) }
+}
+
+/// `(runtime id, worker index, worker count)` of the current worker.
+pub(crate) fn current_info() -> Option<(usize, usize, usize)> {
+    let b = current_base();
+    // SAFETY: a non-null base belongs to the live worker of this OS thread.
+    (!b.is_null()).then(|| unsafe { ((*b).runtime_id, (*b).index, (*b).workers) })
+}
+
+/// A worker of a runtime with configuration `C`.
+#[repr(C)]
+pub(crate) struct Worker<C: Config> {
+    base: WorkerBase,
+    pub(crate) shared: Arc<Shared<C>>,
+    pub(crate) index: usize,
+    pub(crate) deque: C::Deque<TaskRef<C>>,
+    /// The thread running on this worker; `None` while the scheduler loop runs.
+    running: Cell<Option<TaskRef<C>>>,
+    /// The scheduler loop's continuation while a thread runs.
+    sched_ctx: UnsafeCell<Option<Context<C::Policy>>>,
+    rng: Rng,
+    descs: UnsafeCell<LocalPool<TaskDesc<C>>>,
+    stacks: UnsafeCell<LocalPool<StackBlock>>,
+}
+
+unsafe fn locals_of<C: Config>(b: *const WorkerBase) -> Option<LocalsCell> {
+    // SAFETY: `b` heads a `Worker<C>` (the function is stored per config).
+    let w = unsafe { &*(b as *const Worker<C>) };
+    w.running.get().map(|t| NonNull::from(&t.desc().locals))
+}
+
+impl<C: Config> Worker<C> {
+    pub(crate) fn new(shared: Arc<Shared<C>>, index: usize, deque: C::Deque<TaskRef<C>>) -> Self {
+        Worker {
+            base: WorkerBase {
+                type_id: TypeId::of::<C>(),
+                runtime_id: shared.id,
+                index,
+                workers: shared.workers,
+                locals: locals_of::<C>,
+            },
+            index,
+            deque,
+            running: Cell::new(None),
+            sched_ctx: UnsafeCell::new(None),
+            rng: Rng::new(index as u64 ^ (shared.id as u64) << 32),
+            descs: UnsafeCell::new(LocalPool::new()),
+            stacks: UnsafeCell::new(LocalPool::new()),
+            shared,
+        }
+    }
+
+    /// The worker of this OS thread, if it is a worker of a `C` runtime.
+    ///
+    /// The reference must not be kept across a context switch.
+    #[inline]
+    pub(crate) fn current<'a>() -> Option<&'a Worker<C>> {
+        let b = current_base();
+        if b.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null base belongs to the live worker of this thread.
+        if unsafe { (*b).type_id } != TypeId::of::<C>() {
+            return None;
+        }
+        // SAFETY: the type id says this base heads a `Worker<C>`.
+        Some(unsafe { &*(b as *const Worker<C>) })
+    }
+
+    /// Makes this worker the current one of the calling OS thread.
+    pub(crate) fn enter(&self) {
+        set_current_base(&self.base);
+    }
+
+    pub(crate) fn leave(&self) {
+        set_current_base(ptr::null());
+    }
+
+    /// The thread running on this worker.
+    #[inline]
+    pub(crate) fn running(&self) -> Option<TaskRef<C>> {
+        self.running.get()
+    }
+
+    // --- pools -----------------------------------------------------------
+
+    #[inline]
+    pub(crate) fn alloc_desc(&self) -> NonNull<TaskDesc<C>> {
+        // SAFETY: the local pool is only touched by this worker's OS thread.
+        let local = unsafe { &mut *self.descs.get() };
+        let d = local
+            .take(self.shared.descs.remote(self.index))
+            .unwrap_or_else(|| TaskDesc::create(self.index));
+        // SAFETY: a free descriptor is ours.
+        unsafe { d.as_ref().reset(self.shared.id) };
+        d
+    }
+
+    /// A stack for a new thread.
+    ///
+    /// # Panics
+    ///
+    /// Panics if no stack can be mapped.
+    #[inline]
+    pub(crate) fn alloc_stack(&self) -> NonNull<StackBlock> {
+        // SAFETY: the local pool is only touched by this worker's OS thread.
+        match unsafe { (*self.stacks.get()).pop_local() } {
+            Some(s) => s,
+            None => self.alloc_stack_slow(),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_stack_slow(&self) -> NonNull<StackBlock> {
+        // SAFETY: the local pool is only touched by this worker's OS thread.
+        let local = unsafe { &mut *self.stacks.get() };
+        match local.take(self.shared.stacks.remote(self.index)) {
+            Some(s) => s,
+            None => StackBlock::create(self.shared.stack_size, self.index)
+                .unwrap_or_else(|e| panic!("ct-worker: cannot spawn a thread: {e}")),
+        }
+    }
+
+    /// Frees a finished thread's descriptor.
+    ///
+    /// # Safety
+    ///
+    /// Nobody may use `d` any more; `d` must be pooled.
+    #[inline]
+    pub(crate) unsafe fn free_desc(&self, d: NonNull<TaskDesc<C>>) {
+        // SAFETY: the descriptor is ours (contract).
+        unsafe { d.as_ref().clear() };
+        if <TaskDesc<C> as PoolItem>::owner(d) == self.index {
+            // SAFETY: the local pool is only touched by this worker's thread.
+            unsafe { (*self.descs.get()).put_local(d) };
+        } else {
+            // SAFETY: forwarded contract.
+            unsafe { self.shared.descs.free(d, None) };
+        }
+    }
+
+    /// Frees a stack nothing runs on any more.
+    ///
+    /// # Safety
+    ///
+    /// Nothing may run on `s` any more.
+    #[inline]
+    pub(crate) unsafe fn free_stack(&self, s: NonNull<StackBlock>) {
+        if <StackBlock as PoolItem>::owner(s) == self.index {
+            // SAFETY: the local pool is only touched by this worker's thread.
+            unsafe { (*self.stacks.get()).put_local(s) };
+        } else {
+            // SAFETY: forwarded contract.
+            unsafe { self.shared.stacks.free(s, None) };
+        }
+    }
+
+    /// Frees the pools' cached memory (worker shutdown).
+    pub(crate) fn clear_pools(&self) {
+        // SAFETY: only this worker's OS thread touches its pools.
+        unsafe {
+            (*self.descs.get()).clear();
+            (*self.stacks.get()).clear();
+        }
+    }
+
+    // --- making threads runnable -------------------------------------------
+
+    /// Makes a suspended thread runnable on this worker (and lets a sleeping
+    /// worker know there is work to steal).
+    #[inline]
+    pub(crate) fn push(&self, t: TaskRef<C>) {
+        self.deque.push(t);
+        self.shared.sleep.notify_relaxed();
+    }
+
+    /// Wakes a waiter registered in a join state or waiter slot.
+    ///
+    /// # Safety
+    ///
+    /// `word` must be a waiter word whose wake-up the caller owns.
+    pub(crate) unsafe fn wake_word(&self, word: usize) {
+        if word & 1 == 0 {
+            // SAFETY: per the contract, a suspended thread of this runtime.
+            self.push(unsafe { TaskRef::from_word(word) });
+        } else {
+            // SAFETY: per the contract, a parked OS thread.
+            unsafe { crate::os_waiter::wake(word) };
+        }
+    }
+
+    /// The context to switch to when the running thread stops: the newest
+    /// runnable thread of this worker, else the scheduler loop.
+    #[inline]
+    fn next_to_run(&self) -> (Context<C::Policy>, Option<TaskRef<C>>) {
+        match self.deque.pop() {
+            // SAFETY: a popped thread is ours to resume.
+            Some(t) => (unsafe { t.desc().take_ctx() }, Some(t)),
+            // SAFETY: while a thread runs, the scheduler's context is saved.
+            None => (
+                unsafe { (*self.sched_ctx.get()).take() }.expect("scheduler context is saved"),
+                None,
+            ),
+        }
+    }
+
+    /// Puts back what [`Worker::next_to_run`] took, after a cancelled switch.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be the context returned with `next`, still suspended.
+    unsafe fn unpop(&self, raw: NonNull<u8>, next: Option<TaskRef<C>>) {
+        // SAFETY: per the contract.
+        let ctx = unsafe { Context::from_raw(raw) };
+        match next {
+            Some(t) => {
+                // SAFETY: `t` was suspended and is ours again.
+                unsafe { t.desc().set_ctx(ctx) };
+                self.deque.push(t);
+            }
+            // SAFETY: the scheduler's slot is empty since we took it.
+            None => unsafe { *self.sched_ctx.get() = Some(ctx) },
+        }
+    }
+
+    #[inline]
+    fn note_switch(&self, next: Option<TaskRef<C>>) {
+        if next.is_some() {
+            self.shared.aspect.switch(self.index);
+        }
+    }
+
+    // --- worker operations ---------------------------------------------------
+
+    /// Work-first fork (`suspend_to_new`): suspends the running thread, makes
+    /// it stealable at the owner end of the deque, and runs `body` at once as
+    /// thread `child` on `stack`. `body` must end the child with
+    /// [`Worker::exit`].
+    ///
+    /// Returns when the parent is resumed (possibly on another worker).
+    ///
+    /// # Safety
+    ///
+    /// Must be called from the running thread of this worker; `child` must be
+    /// a fresh descriptor whose stack is `stack`.
+    #[inline]
+    pub(crate) unsafe fn suspend_to_new<F>(
+        &self,
+        child: TaskRef<C>,
+        stack: NonNull<StackBlock>,
+        body: F,
+    ) where
+        F: FnOnce() -> core::convert::Infallible,
+    {
+        let parent = self.running.get().expect("fork from a user-level thread");
+        let region = StackBlock::region(stack);
+        // SAFETY: the child's stack is fresh; the ontop function publishes the
+        // parent only after its context is stored.
+        unsafe {
+            save_with::<C::Policy, _>(region, move |parent_ctx| {
+                parent.desc().set_ctx(parent_ctx);
+                self.running.set(Some(child));
+                self.push(parent);
+                self.shared.aspect.fork(self.index);
+                match body() {}
+            })
+        };
+    }
+
+    /// Suspends the running thread, runs `publish(me)` once its context is
+    /// saved, and switches to the next runnable thread or the scheduler
+    /// (`suspend_to_sched`). `publish` must make the thread resumable by
+    /// someone (or the thread is lost).
+    ///
+    /// # Safety
+    ///
+    /// Must be called from the running thread of this worker.
+    #[inline]
+    pub(crate) unsafe fn suspend_to_sched(&self, publish: impl FnOnce(TaskRef<C>)) {
+        let me = self
+            .running
+            .get()
+            .expect("suspend from a user-level thread");
+        let (next_ctx, next) = self.next_to_run();
+        // SAFETY: `next_ctx` is ours to resume; the ontop function stores our
+        // context before publishing us.
+        unsafe {
+            swap_with(next_ctx, move |my_ctx| {
+                me.desc().set_ctx(my_ctx);
+                self.running.set(next);
+                self.note_switch(next);
+                publish(me);
+                RESUMED
+            })
+        };
+    }
+
+    /// Like [`Worker::suspend_to_sched`], but `decide(me)` (run after the save)
+    /// may refuse to park: then the thread continues at once and this returns
+    /// `false` (`cond_suspend_to_sched`). Returns `true` once the parked thread
+    /// was resumed.
+    ///
+    /// # Safety
+    ///
+    /// Must be called from the running thread of this worker. If `decide`
+    /// returns `false` it must not have published the thread.
+    #[inline]
+    pub(crate) unsafe fn cond_suspend_to_sched(
+        &self,
+        decide: impl FnOnce(TaskRef<C>) -> bool,
+    ) -> bool {
+        let me = self
+            .running
+            .get()
+            .expect("suspend from a user-level thread");
+        let (next_ctx, next) = self.next_to_run();
+        let raw = next_ctx.as_raw();
+        // SAFETY: as in `suspend_to_sched`; on cancel, our context is dropped
+        // from the descriptor (the primitive resumes it itself).
+        let r = unsafe {
+            cond_swap_with(next_ctx, move |my_ctx| {
+                me.desc().set_ctx(my_ctx);
+                if decide(me) {
+                    self.running.set(next);
+                    self.note_switch(next);
+                    CondResult::proceed(RESUMED)
+                } else {
+                    let _ = me.desc().take_ctx();
+                    CondResult::cancel(CANCELLED)
+                }
+            })
+        };
+        if r == CANCELLED {
+            // Still on the same worker: the switch never happened.
+            // SAFETY: `raw` is the context `next_to_run` gave us, unresumed.
+            unsafe { self.unpop(raw, next) };
+            false
+        } else {
+            true
+        }
+    }
+
+    /// Suspends the running thread and switches straight to the suspended
+    /// thread `next` (`suspend_to_cont`), running `publish(me)` ontop.
+    ///
+    /// # Safety
+    ///
+    /// Must be called from the running thread; the caller must own the right
+    /// to resume `next`.
+    #[inline]
+    pub(crate) unsafe fn suspend_to_cont(
+        &self,
+        next: TaskRef<C>,
+        publish: impl FnOnce(TaskRef<C>),
+    ) {
+        let me = self
+            .running
+            .get()
+            .expect("suspend from a user-level thread");
+        // SAFETY: per the contract.
+        let next_ctx = unsafe { next.desc().take_ctx() };
+        // SAFETY: as in `suspend_to_sched`.
+        unsafe {
+            swap_with(next_ctx, move |my_ctx| {
+                me.desc().set_ctx(my_ctx);
+                self.running.set(Some(next));
+                self.note_switch(Some(next));
+                publish(me);
+                RESUMED
+            })
+        };
+    }
+
+    /// Like [`Worker::suspend_to_cont`] but conditional
+    /// (`cond_suspend_to_cont`): if `decide(me)` says no, the running thread
+    /// continues, `next` stays suspended and the caller keeps the right to
+    /// resume it. Returns whether the switch happened.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Worker::suspend_to_cont`]; `decide` must not publish the thread
+    /// when it returns `false`.
+    #[inline]
+    pub(crate) unsafe fn cond_suspend_to_cont(
+        &self,
+        next: TaskRef<C>,
+        decide: impl FnOnce(TaskRef<C>) -> bool,
+    ) -> bool {
+        let me = self
+            .running
+            .get()
+            .expect("suspend from a user-level thread");
+        // SAFETY: per the contract.
+        let next_ctx = unsafe { next.desc().take_ctx() };
+        let raw = next_ctx.as_raw();
+        // SAFETY: as in `cond_suspend_to_sched`.
+        let r = unsafe {
+            cond_swap_with(next_ctx, move |my_ctx| {
+                me.desc().set_ctx(my_ctx);
+                if decide(me) {
+                    self.running.set(Some(next));
+                    self.note_switch(Some(next));
+                    CondResult::proceed(RESUMED)
+                } else {
+                    let _ = me.desc().take_ctx();
+                    CondResult::cancel(CANCELLED)
+                }
+            })
+        };
+        if r == CANCELLED {
+            // SAFETY: `next` was not resumed; give its context back.
+            unsafe { next.desc().set_ctx(Context::from_raw(raw)) };
+            false
+        } else {
+            true
+        }
+    }
+
+    /// Ends the running thread `me` (`exit_to_cont` / `exit_to_sched`): hands
+    /// control straight to a joiner that is already waiting, else to the next
+    /// runnable thread or the scheduler. Once off the thread's stack, frees the
+    /// stack and completes the join protocol.
+    ///
+    /// # Safety
+    ///
+    /// Must be called by the running thread `me` as its very last action, with
+    /// its result stored and nothing left alive on its stack.
+    pub(crate) unsafe fn exit(&self, me: TaskRef<C>) -> ! {
+        let desc = me.desc();
+        let stack = desc.stack.take();
+        if let Some(word) = desc.join.waiter().filter(|w| w & 1 == 0) {
+            // A thread already waits to join us: switch straight to it.
+            // SAFETY: a registered joiner cannot leave; we own its wake-up.
+            let joiner = unsafe { TaskRef::<C>::from_word(word) };
+            // SAFETY: the joiner is suspended and ours to resume.
+            let ctx = unsafe { joiner.desc().take_ctx() };
+            // SAFETY: we are off our stack in the ontop function.
+            unsafe {
+                restore_with(ctx, move || {
+                    if let Some(s) = stack {
+                        self.free_stack(s);
+                    }
+                    me.desc().join.finish_for_waiter();
+                    self.running.set(Some(joiner));
+                    self.note_switch(Some(joiner));
+                    RESUMED
+                })
+            }
+        }
+        let (next_ctx, next) = self.next_to_run();
+        if next.is_some_and(|n| Some(n.ptr()) == desc.private_parent.get()) {
+            // Only our parent joins us, and we just took it off the deque, so
+            // it is not waiting and cannot start to: no atomic swap needed.
+            // SAFETY: as above.
+            unsafe {
+                restore_with(next_ctx, move || {
+                    if let Some(s) = stack {
+                        self.free_stack(s);
+                    }
+                    me.desc().join.finish_for_waiter();
+                    self.running.set(next);
+                    self.note_switch(next);
+                    RESUMED
+                })
+            }
+        }
+        // SAFETY: as above.
+        unsafe {
+            restore_with(next_ctx, move || {
+                if let Some(s) = stack {
+                    self.free_stack(s);
+                }
+                self.running.set(next);
+                self.note_switch(next);
+                match me.desc().join.finish() {
+                    crate::join_state::Finish::Nobody => {}
+                    crate::join_state::Finish::Detached => self.free_desc(me.ptr()),
+                    crate::join_state::Finish::Wake(w) => self.wake_word(w),
+                }
+                RESUMED
+            })
+        }
+    }
+
+    /// Yields the running thread: it goes to the back of the runtime's global
+    /// FIFO queue, so every other runnable thread (local ones first, then
+    /// older yielders and injected threads) runs before it again.
+    ///
+    /// # Safety
+    ///
+    /// Must be called from the running thread of this worker.
+    pub(crate) unsafe fn yield_running(&self) {
+        // SAFETY: forwarded contract; the ontop function makes us runnable.
+        unsafe {
+            self.suspend_to_sched(|me| {
+                self.shared.injector.push(me);
+                self.shared.sleep.notify_relaxed();
+            })
+        };
+    }
+
+    /// Scheduler loop: runs thread `t` until control comes back (`execute`).
+    ///
+    /// # Safety
+    ///
+    /// Must be called from this worker's scheduler loop, with `t` suspended and
+    /// ours to resume.
+    pub(crate) unsafe fn execute(&self, t: TaskRef<C>) {
+        self.running.set(Some(t));
+        self.shared.aspect.switch(self.index);
+        // SAFETY: per the contract; the ontop function saves the scheduler.
+        unsafe {
+            let ctx = t.desc().take_ctx();
+            swap_with(ctx, |sched| {
+                *self.sched_ctx.get() = Some(sched);
+                RESUMED
+            });
+        }
+    }
+
+    /// Scheduler loop: looks for a runnable thread — own deque, then the
+    /// global injector, then other workers in random order.
+    pub(crate) fn find_work(&self) -> Option<TaskRef<C>> {
+        use crate::deque::{DequeStealer, Steal};
+        if let Some(t) = self.deque.pop() {
+            return Some(t);
+        }
+        let shared = &*self.shared;
+        loop {
+            let mut retry = false;
+            match shared.injector.steal() {
+                crossbeam_deque::Steal::Success(t) => {
+                    shared.aspect.steal(self.index, None);
+                    return Some(t);
+                }
+                crossbeam_deque::Steal::Retry => retry = true,
+                crossbeam_deque::Steal::Empty => {}
+            }
+            let n = shared.workers;
+            if n > 1 {
+                let start = self.rng.below(n);
+                for i in 0..n {
+                    let v = (start + i) % n;
+                    if v == self.index {
+                        continue;
+                    }
+                    match shared.stealers[v].steal() {
+                        Steal::Success(t) => {
+                            shared.aspect.steal(self.index, Some(v));
+                            return Some(t);
+                        }
+                        Steal::Retry => retry = true,
+                        Steal::Empty => {}
+                    }
+                }
+            }
+            if !retry {
+                return None;
+            }
+            core::hint::spin_loop();
+        }
+    }
+
+    /// Whether any work is visible anywhere (used before falling asleep).
+    pub(crate) fn work_visible(&self) -> bool {
+        use crate::deque::DequeStealer;
+        !self.deque.is_empty()
+            || !self.shared.injector.is_empty()
+            || self.shared.stealers.iter().any(|s| !s.is_empty())
+    }
+}

@@ -1,0 +1,170 @@
+//! Other configurations (policies, deques, aspects) and the threading
+//! interface on user-level and OS threads.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::with_timeout;
+use ct_worker::{
+    Config, Custom, JoinHandleItf, LockedKind, NoAspect, OsThreads, Runtime, StatsConfig,
+    SuspendedThreadItf, TraceConfig, Ult, UltItf,
+};
+
+fn fib<C: Config>(n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    let (a, b) = ct_worker::join_in::<C, _, _, _, _>(|| fib::<C>(n - 1), || fib::<C>(n - 2));
+    a + b
+}
+
+#[test]
+fn portable_policy_with_locked_deques() {
+    type C = Custom<ct_context::Portable, LockedKind, NoAspect>;
+    with_timeout(120, || {
+        let rt = Runtime::builder().workers(2).build_with::<C>().unwrap();
+        assert_eq!(rt.block_on(|| fib::<C>(20)), 6765);
+        let hs: Vec<_> = (0..1000u64).map(|i| rt.spawn(move || i)).collect();
+        assert_eq!(
+            hs.into_iter().map(|h| h.join()).sum::<u64>(),
+            999 * 1000 / 2
+        );
+    });
+}
+
+#[test]
+fn stats_count_every_fork() {
+    with_timeout(60, || {
+        let rt = Runtime::builder()
+            .workers(1)
+            .build_with::<StatsConfig>()
+            .unwrap();
+        assert_eq!(rt.block_on(|| fib::<StatsConfig>(20)), 6765);
+        let t = rt.aspect().total();
+        // fib(20) joins fib(21) - 1 = 10945 times, each with one fork.
+        assert_eq!(t.forks, 10945);
+        assert!(t.switches >= 1, "{t:?}");
+        let rt2 = Runtime::builder()
+            .workers(2)
+            .build_with::<StatsConfig>()
+            .unwrap();
+        assert_eq!(rt2.block_on(|| fib::<StatsConfig>(22)), 17711);
+        let per_worker = rt2.aspect().snapshot();
+        assert_eq!(per_worker.len(), 2);
+        assert_eq!(per_worker.iter().map(|w| w.forks).sum::<u64>(), 28656);
+    });
+}
+
+#[test]
+fn trace_writes_chrome_json() {
+    with_timeout(60, || {
+        let path = std::env::temp_dir().join(format!("ct-trace-{}.json", std::process::id()));
+        let rt = Runtime::builder()
+            .workers(2)
+            .trace_file(&path)
+            .build_with::<TraceConfig>()
+            .unwrap();
+        assert_eq!(rt.block_on(|| fib::<TraceConfig>(15)), 610);
+        drop(rt);
+        let json = std::fs::read_to_string(&path).expect("trace written at shutdown");
+        std::fs::remove_file(&path).ok();
+        assert!(
+            json.starts_with("{\"traceEvents\":["),
+            "{}",
+            &json[..80.min(json.len())]
+        );
+        assert!(json.contains("\"name\":\"ct-worker-0\""));
+        assert!(json.contains("\"name\":\"ct-worker-1\""));
+        assert!(
+            json.contains("\"name\":\"ult\""),
+            "user-level thread spans recorded"
+        );
+        assert!(json.contains("\"forks\":986"), "fib(15) forks 986 times");
+        assert!(json.trim_end().ends_with('}'));
+    });
+}
+
+/// A handshake written once against the interface: two threads alternate
+/// through two suspended-thread slots.
+fn handshake<U: UltItf>() -> usize {
+    const ROUNDS: usize = 1000;
+    let slots = Arc::new((U::SuspendedThread::default(), U::SuspendedThread::default()));
+    let turn = Arc::new(AtomicUsize::new(0));
+    let (s2, t2) = (slots.clone(), turn.clone());
+    let other = U::spawn(move || {
+        for i in 0..ROUNDS {
+            s2.1.wait_with(|| t2.load(Ordering::Acquire) != 2 * i + 1);
+            t2.store(2 * i + 2, Ordering::Release);
+            s2.0.notify();
+        }
+    });
+    for i in 0..ROUNDS {
+        slots.0.wait_with(|| turn.load(Ordering::Acquire) != 2 * i);
+        turn.store(2 * i + 1, Ordering::Release);
+        slots.1.notify();
+    }
+    other.join();
+    turn.load(Ordering::Acquire)
+}
+
+#[test]
+fn interface_on_user_level_threads() {
+    with_timeout(60, || {
+        let rt = Runtime::builder().workers(2).build().unwrap();
+        assert_eq!(rt.block_on(handshake::<Ult>), 2000);
+        assert_eq!(rt.block_on(<Ult as UltItf>::num_workers), 2);
+    });
+}
+
+#[test]
+fn interface_on_os_threads() {
+    with_timeout(60, || {
+        assert_eq!(handshake::<OsThreads>(), 2000);
+        assert!(OsThreads::worker_index() < OsThreads::num_workers());
+        let h = OsThreads::spawn(|| 5);
+        assert_eq!(JoinHandleItf::join(h), 5);
+    });
+}
+
+#[test]
+fn suspended_thread_swap_and_enter() {
+    with_timeout(60, || {
+        let rt = Runtime::builder().workers(2).build().unwrap();
+        let order = rt.block_on(|| {
+            let a = Arc::new(ct_worker::SuspendedThread::new());
+            let b = Arc::new(ct_worker::SuspendedThread::new());
+            let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let (a2, b2, l2) = (a.clone(), b.clone(), log.clone());
+            let t = ct_worker::spawn(move || {
+                l2.lock().unwrap().push("t parks in a");
+                a2.wait();
+                l2.lock().unwrap().push("t resumed, swaps into b's owner");
+                // Park in a again and switch to whoever is parked in b.
+                a2.swap(&b2);
+                l2.lock().unwrap().push("t done");
+            });
+            // Wait until t is parked, then park ourselves in b while entering t.
+            while a.is_empty() {
+                ct_worker::yield_now();
+            }
+            log.lock().unwrap().push("main enters t");
+            b.swap(&a);
+            log.lock().unwrap().push("main resumed by t's swap");
+            assert!(a.enter(), "t parked in a again");
+            t.join();
+            log.lock().unwrap().clone()
+        });
+        assert_eq!(
+            order,
+            [
+                "t parks in a",
+                "main enters t",
+                "t resumed, swaps into b's owner",
+                "main resumed by t's swap",
+                "t done"
+            ]
+        );
+    });
+}
