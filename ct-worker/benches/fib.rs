@@ -4,7 +4,8 @@
 
 use std::hint::black_box;
 
-use ct_bench::{Args, emit, repeat, time_secs};
+use ct_bench::{Args, Stats, emit, repeat, time_secs};
+use ct_worker::{AsymmetricConfig, Config, DefaultConfig};
 
 fn fib_serial(n: u64) -> u64 {
     if n < 2 {
@@ -14,12 +15,26 @@ fn fib_serial(n: u64) -> u64 {
     }
 }
 
-fn fib_ct(n: u64) -> u64 {
+fn fib_ct<C: Config>(n: u64) -> u64 {
     if n < 2 {
         return n;
     }
-    let (a, b) = ct_worker::join(|| fib_ct(n - 1), || fib_ct(n - 2));
+    let (a, b) = ct_worker::join_in::<C, _, _, _, _>(|| fib_ct::<C>(n - 1), || fib_ct::<C>(n - 2));
     a + b
+}
+
+/// Runs fib(n) on a runtime of configuration `C`; returns the summary.
+fn bench_ct<C: Config>(n: u64, workers: usize, runs: usize) -> Stats {
+    let rt = ct_worker::Runtime::builder()
+        .workers(workers)
+        .build_with::<C>()
+        .expect("runtime");
+    repeat(runs, || {
+        time_secs(|| {
+            let r = rt.block_on(|| fib_ct::<C>(black_box(n)));
+            check(r, n);
+        })
+    })
 }
 
 fn fib_rayon(n: u64) -> u64 {
@@ -59,8 +74,9 @@ fn main() {
     if args.help() {
         eprintln!(
             "fib [--n 30,35] [--workers 1,2] [--runs 7]\n\
-             Seed parameters: n = 30 and 35, workers 1 and 2. Prints JSON lines (seconds),\n\
-             with serial fib and rayon::join fib measured in the same run."
+             Seed parameters: n = 30 and 35, workers 1 and 2. Prints JSON lines (seconds)\n\
+             for the default configuration (crossbeam Chase-Lev deques) and the asymmetric-\n\
+             fence deque, with serial fib and rayon::join fib measured in the same run."
         );
         return;
     }
@@ -86,31 +102,29 @@ fn main() {
         );
 
         for &w in &workers {
-            eprintln!("ct-worker fib({n}) with {w} workers...");
-            let rt = ct_worker::Runtime::builder()
-                .workers(w)
-                .build()
-                .expect("runtime");
-            let s = repeat(runs, || {
-                time_secs(|| {
-                    let r = rt.block_on(|| fib_ct(black_box(n)));
-                    check(r, n);
-                })
-            });
-            drop(rt);
-            let per_join = s.median * 1e9 / joins(n) as f64;
-            emit(
-                "ct-worker",
-                "fib",
-                "ct-worker",
-                &[
-                    ("n", n.into()),
-                    ("workers", w.into()),
-                    ("ns_per_fork_join", per_join.into()),
-                ],
-                "s",
-                &s,
-            );
+            for (name, run) in [
+                (
+                    "ct-worker",
+                    bench_ct::<DefaultConfig> as fn(u64, usize, usize) -> Stats,
+                ),
+                ("ct-worker-asym", bench_ct::<AsymmetricConfig>),
+            ] {
+                eprintln!("{name} fib({n}) with {w} workers...");
+                let s = run(n, w, runs);
+                let per_join = s.median * 1e9 / joins(n) as f64;
+                emit(
+                    "ct-worker",
+                    "fib",
+                    name,
+                    &[
+                        ("n", n.into()),
+                        ("workers", w.into()),
+                        ("ns_per_fork_join", per_join.into()),
+                    ],
+                    "s",
+                    &s,
+                );
+            }
 
             eprintln!("rayon fib({n}) with {w} workers...");
             let pool = rayon::ThreadPoolBuilder::new()

@@ -7,7 +7,7 @@ use core::marker::PhantomData;
 use ct_context::{ContextPolicy, DefaultPolicy};
 
 use crate::aspect::{Aspect, NoAspect, StatsAspect, TraceAspect};
-use crate::deque::{ChaseLev, LockedDeque, WorkerDeque};
+use crate::deque::{AsymmetricChaseLev, ChaseLev, LockedDeque, WorkerDeque};
 
 /// The components a runtime is built from.
 ///
@@ -30,6 +30,18 @@ pub struct DefaultConfig;
 impl Config for DefaultConfig {
     type Policy = DefaultPolicy;
     type Deque<T: Send + 'static> = ChaseLev<T>;
+    type Aspect = NoAspect;
+}
+
+/// The default configuration with [`AsymmetricChaseLev`] deques: owner pops
+/// without a memory fence (thieves use `membarrier` instead). The fastest
+/// fork/join on Linux; falls back to fences where `membarrier` is missing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AsymmetricConfig;
+
+impl Config for AsymmetricConfig {
+    type Policy = DefaultPolicy;
+    type Deque<T: Send + 'static> = AsymmetricChaseLev<T>;
     type Aspect = NoAspect;
 }
 
@@ -66,6 +78,13 @@ pub trait DequeKind: Send + Sync + 'static {
 pub struct ChaseLevKind;
 impl DequeKind for ChaseLevKind {
     type Deque<T: Send + 'static> = ChaseLev<T>;
+}
+
+/// [`AsymmetricChaseLev`] deques (fence-free owner operations).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AsymmetricKind;
+impl DequeKind for AsymmetricKind {
+    type Deque<T: Send + 'static> = AsymmetricChaseLev<T>;
 }
 
 /// [`LockedDeque`]s.

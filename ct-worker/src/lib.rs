@@ -74,6 +74,7 @@ mod handle;
 mod itf;
 mod join_state;
 mod local;
+mod membarrier;
 mod os;
 mod os_waiter;
 mod parallel;
@@ -89,10 +90,12 @@ mod worker;
 
 pub use aspect::{Aspect, AspectInit, NoAspect, StatsAspect, TraceAspect, WorkerStats};
 pub use config::{
-    ChaseLevKind, Config, Custom, DefaultConfig, DequeKind, LockedKind, StatsConfig, TraceConfig,
+    AsymmetricConfig, AsymmetricKind, ChaseLevKind, Config, Custom, DefaultConfig, DequeKind,
+    LockedKind, StatsConfig, TraceConfig,
 };
 pub use deque::{
-    ChaseLev, ChaseLevStealer, DequeStealer, LockedDeque, LockedStealer, Steal, WorkerDeque,
+    AsymmetricChaseLev, AsymmetricStealer, ChaseLev, ChaseLevStealer, DequeStealer, LockedDeque,
+    LockedStealer, Steal, WorkerDeque,
 };
 pub use error::{Error, Result};
 pub use handle::{JoinHandle, join, join_in, spawn, spawn_in, yield_now, yield_now_in};

@@ -168,3 +168,88 @@ fn suspended_thread_swap_and_enter() {
         );
     });
 }
+
+#[test]
+fn asymmetric_deques_under_heavy_stealing() {
+    use ct_worker::AsymmetricConfig as A;
+    with_timeout(120, || {
+        // Four workers on this machine's two cores: many steals.
+        let rt = Runtime::builder().workers(4).build_with::<A>().unwrap();
+        for _ in 0..5 {
+            assert_eq!(rt.block_on(|| fib::<A>(24)), 46368);
+        }
+        let total = rt.block_on(|| {
+            let hs: Vec<_> = (0..50_000u64)
+                .map(|i| ct_worker::spawn_in::<A, _, _>(move || i))
+                .collect();
+            hs.into_iter().map(|h| h.join()).sum::<u64>()
+        });
+        assert_eq!(total, 50_000 * 49_999 / 2);
+    });
+}
+
+#[test]
+fn asymmetric_deque_accounts_every_item() {
+    use ct_worker::{AsymmetricChaseLev, DequeStealer, Steal, WorkerDeque};
+    with_timeout(120, || {
+        let mut stolen = 0;
+        for round in 0..10u32 {
+            let (d, s) = AsymmetricChaseLev::<u32>::new();
+            let s = Arc::new(s);
+            let n = 50_000u32;
+            let thieves: Vec<_> = (0..3)
+                .map(|_| {
+                    let s = s.clone();
+                    std::thread::spawn(move || {
+                        let mut got = Vec::new();
+                        let mut empty = 0;
+                        while empty < 20_000 {
+                            match s.steal() {
+                                Steal::Success(v) => {
+                                    got.push(v);
+                                    empty = 0;
+                                }
+                                Steal::Retry => {}
+                                Steal::Empty => empty += 1,
+                            }
+                        }
+                        got
+                    })
+                })
+                .collect();
+            let mut mine = Vec::new();
+            for i in 0..n {
+                d.push(i);
+                // Give thieves time to take items, and pop often, so that the
+                // race for the last item is exercised.
+                for _ in 0..(i % 64) {
+                    std::hint::spin_loop();
+                }
+                if i % (2 + round) == 0 {
+                    mine.extend(d.pop());
+                }
+            }
+            while let Some(v) = d.pop() {
+                mine.push(v);
+            }
+            let mut all: Vec<u32> = thieves
+                .into_iter()
+                .flat_map(|t| t.join().unwrap())
+                .collect();
+            stolen += all.len();
+            all.extend(mine);
+            all.sort_unstable();
+            assert_eq!(
+                all.len(),
+                n as usize,
+                "round {round}: items lost or duplicated"
+            );
+            assert!(all.iter().enumerate().all(|(i, &v)| v == i as u32));
+        }
+        assert!(
+            stolen > 0,
+            "the thieves must have stolen something for the test to mean anything"
+        );
+        eprintln!("stolen: {stolen} of {}", 10 * 50_000);
+    });
+}

@@ -5,6 +5,10 @@
 //! largest, pieces of work). The choice of deque is a type parameter of the
 //! runtime's [`Config`](crate::Config).
 
+mod asymmetric;
+
+pub use asymmetric::{AsymmetricChaseLev, AsymmetricStealer};
+
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
@@ -217,6 +221,16 @@ mod tests {
     #[test]
     fn chase_lev_concurrent() {
         concurrent_steal_accounts_everything::<ChaseLev<u32>>();
+    }
+
+    #[test]
+    fn asymmetric_order() {
+        lifo_owner_fifo_thief::<AsymmetricChaseLev<u32>>();
+    }
+
+    #[test]
+    fn asymmetric_concurrent() {
+        concurrent_steal_accounts_everything::<AsymmetricChaseLev<u32>>();
     }
 
     #[test]

@@ -1,0 +1,54 @@
+//! The heavy side of asymmetric memory barriers: Linux `membarrier`.
+//!
+//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` returns only after every
+//! other running thread of the process has executed a full memory barrier
+//! (threads that are not running get one from the context switch). A hot path
+//! can then use a mere compiler fence where a rare path calls [`barrier`].
+//! The process must register once; [`available`] does that.
+
+use std::sync::OnceLock;
+
+const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
+const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+
+fn membarrier(cmd: libc::c_int) -> libc::c_long {
+    // SAFETY: `membarrier` takes plain integers and touches no user memory.
+    unsafe {
+        libc::syscall(
+            libc::SYS_membarrier,
+            cmd,
+            0 as libc::c_uint,
+            0 as libc::c_int,
+        )
+    }
+}
+
+/// Whether expedited private barriers can be used (registering the process
+/// on first call). `CT_NO_MEMBARRIER=1` forces the symmetric fallback.
+pub(crate) fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        if std::env::var_os("CT_NO_MEMBARRIER").is_some_and(|v| v != "0") {
+            return false;
+        }
+        let supported = membarrier(MEMBARRIER_CMD_QUERY);
+        supported >= 0
+            && supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED as libc::c_long != 0
+            && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0
+    })
+}
+
+/// Makes every running thread of the process execute a full barrier.
+///
+/// Only valid after [`available`] returned `true`.
+#[cold]
+pub(crate) fn barrier() {
+    if membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 {
+        // Registration happened, so this cannot fail short of a kernel bug;
+        // a plain fence would not give the guarantee, so stop loudly.
+        let e = std::io::Error::last_os_error();
+        eprintln!("ct-worker: membarrier failed after registration: {e}");
+        std::process::abort();
+    }
+}
