@@ -1,0 +1,242 @@
+//! A threading interface made of loom threads, so that the mutex, condition
+//! variable and barrier protocols are model-checked as written (loom cannot
+//! run user-level threads, so parking is modelled with loom's park/unpark).
+
+use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::{Arc, Mutex};
+use loom::thread::{self, Thread};
+
+use ct_worker::{JoinHandleItf, SuspendedThreadItf, UltItf};
+
+/// Loom threads as a threading interface.
+pub(crate) struct LoomItf;
+
+/// A parked loom thread and its wake-up flag.
+#[derive(Default)]
+pub(crate) struct LoomSlot {
+    parked: Mutex<Option<(Thread, Arc<AtomicBool>)>>,
+}
+
+impl SuspendedThreadItf for LoomSlot {
+    fn wait_with(&self, decide: impl FnOnce() -> bool) -> bool {
+        let flag = Arc::new(AtomicBool::new(false));
+        *self.parked.lock().unwrap() = Some((thread::current(), flag.clone()));
+        let park = decide() || self.parked.lock().unwrap().take().is_none();
+        if !park {
+            return false;
+        }
+        while !flag.load(Ordering::Acquire) {
+            thread::park();
+        }
+        true
+    }
+
+    fn notify(&self) -> bool {
+        match self.parked.lock().unwrap().take() {
+            Some((t, f)) => {
+                f.store(true, Ordering::Release);
+                t.unpark();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn enter(&self) -> bool {
+        self.notify()
+    }
+
+    fn swap(&self, next: &Self) {
+        self.swap_with(next, || true);
+    }
+
+    fn swap_with(&self, next: &Self, decide: impl FnOnce() -> bool) -> bool {
+        self.wait_with(|| {
+            if decide() {
+                next.notify();
+                true
+            } else {
+                false
+            }
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.parked.lock().unwrap().is_none()
+    }
+}
+
+pub(crate) struct LoomJoin<T>(thread::JoinHandle<T>);
+
+impl<T: Send + 'static> JoinHandleItf<T> for LoomJoin<T> {
+    fn join(self) -> T {
+        self.0.join().unwrap()
+    }
+    fn is_finished(&self) -> bool {
+        false
+    }
+}
+
+impl UltItf for LoomItf {
+    type SuspendedThread = LoomSlot;
+    type JoinHandle<T: Send + 'static> = LoomJoin<T>;
+
+    fn spawn<F, T>(f: F) -> LoomJoin<T>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        LoomJoin(thread::spawn(f))
+    }
+
+    fn yield_now() {
+        thread::yield_now();
+    }
+
+    fn worker_index() -> usize {
+        0
+    }
+
+    fn num_workers() -> usize {
+        1
+    }
+}
+
+/// Runs a loom model with a preemption bound.
+pub(crate) fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(bound);
+    b.max_branches = 100_000;
+    b.check(f);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::ProtocolCell;
+    use crate::{Barrier, RawMutex};
+
+    /// Two threads take the mutex in turn: the protected counter is updated
+    /// without a data race (loom checks causality) and the lock ends free.
+    #[test]
+    fn loom_mutex_handoff() {
+        model(3, || {
+            let m = Arc::new(RawMutex::<LoomItf>::new());
+            let counter = Arc::new(ProtocolCell::new(0u32));
+            let ths: Vec<_> = (0..2)
+                .map(|_| {
+                    let (m, counter) = (m.clone(), counter.clone());
+                    thread::spawn(move || {
+                        m.lock();
+                        // SAFETY: the mutex is held.
+                        unsafe { counter.with_mut(|c| *c += 1) };
+                        // SAFETY: locked above.
+                        unsafe { m.unlock() };
+                    })
+                })
+                .collect();
+            for t in ths {
+                t.join().unwrap();
+            }
+            // SAFETY: all threads joined.
+            assert_eq!(unsafe { counter.with_mut(|c| *c) }, 2);
+            assert!(!m.is_locked());
+        });
+    }
+
+    /// Three threads with a smaller preemption bound.
+    #[test]
+    fn loom_mutex_three_threads() {
+        model(1, || {
+            let m = Arc::new(RawMutex::<LoomItf>::new());
+            let counter = Arc::new(ProtocolCell::new(0u32));
+            let ths: Vec<_> = (0..3)
+                .map(|_| {
+                    let (m, counter) = (m.clone(), counter.clone());
+                    thread::spawn(move || {
+                        m.lock();
+                        // SAFETY: the mutex is held.
+                        unsafe { counter.with_mut(|c| *c += 1) };
+                        // SAFETY: locked above.
+                        unsafe { m.unlock() };
+                    })
+                })
+                .collect();
+            for t in ths {
+                t.join().unwrap();
+            }
+            // SAFETY: all threads joined.
+            assert_eq!(unsafe { counter.with_mut(|c| *c) }, 3);
+        });
+    }
+
+    /// `unlock_and_wait` vs a waker that takes the lock: when the waker holds
+    /// the lock after the waiter released it, the waiter is in its slot.
+    #[test]
+    fn loom_unlock_and_wait() {
+        model(3, || {
+            let m = Arc::new(RawMutex::<LoomItf>::new());
+            let slot = Arc::new(LoomSlot::default());
+            let released = Arc::new(AtomicBool::new(false));
+            let waker = {
+                let (m, slot, released) = (m.clone(), slot.clone(), released.clone());
+                thread::spawn(move || {
+                    loop {
+                        m.lock();
+                        let r = released.swap(false, Ordering::Relaxed);
+                        if r {
+                            assert!(slot.notify(), "the waiter was not parked");
+                        }
+                        // SAFETY: locked above.
+                        unsafe { m.unlock() };
+                        if r {
+                            return;
+                        }
+                        thread::yield_now();
+                    }
+                })
+            };
+            m.lock();
+            released.store(true, Ordering::Relaxed);
+            // SAFETY: locked above.
+            unsafe { m.unlock_and_wait(&slot) };
+            waker.join().unwrap();
+            assert!(!m.is_locked());
+        });
+    }
+
+    /// Two threads, two barrier episodes: writes before the barrier are seen
+    /// after it, and each episode has one leader.
+    #[test]
+    fn loom_barrier() {
+        model(2, || {
+            let b = Arc::new(Barrier::<LoomItf>::new_in(2));
+            let cells = Arc::new([ProtocolCell::new(0u32), ProtocolCell::new(0u32)]);
+            let leaders = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
+            let ths: Vec<_> = (0..2)
+                .map(|t| {
+                    let (b, cells, leaders) = (b.clone(), cells.clone(), leaders.clone());
+                    thread::spawn(move || {
+                        for e in 1..=2u32 {
+                            // SAFETY: cell t is written only by thread t, and
+                            // read by others only after a barrier.
+                            unsafe { cells[t].with_mut(|c| *c = e) };
+                            if b.wait().is_leader() {
+                                leaders.fetch_add(1, Ordering::Relaxed);
+                            }
+                            for c in cells.iter() {
+                                // SAFETY: as above.
+                                assert_eq!(unsafe { c.with(|c| *c) }, e);
+                            }
+                            b.wait();
+                        }
+                    })
+                })
+                .collect();
+            for t in ths {
+                t.join().unwrap();
+            }
+            assert_eq!(leaders.load(Ordering::Relaxed), 2);
+        });
+    }
+}

@@ -1,0 +1,110 @@
+//! Atomics and cells for the lock protocols, swappable for `loom`'s under
+//! `--cfg loom` so that the protocols are model-checked as written.
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+
+/// A cell whose accesses are made exclusive by a lock protocol (e.g. the MCS
+/// queue's `head`, only touched by the lock holder). Under loom, accesses
+/// are checked for causality.
+#[derive(Debug)]
+pub(crate) struct ProtocolCell<T> {
+    #[cfg(not(loom))]
+    inner: core::cell::UnsafeCell<T>,
+    #[cfg(loom)]
+    inner: loom::cell::UnsafeCell<T>,
+}
+
+impl<T> ProtocolCell<T> {
+    #[cfg(not(loom))]
+    pub(crate) const fn new(v: T) -> Self {
+        ProtocolCell {
+            inner: core::cell::UnsafeCell::new(v),
+        }
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn new(v: T) -> Self {
+        ProtocolCell {
+            inner: loom::cell::UnsafeCell::new(v),
+        }
+    }
+
+    /// Runs `f` with shared (read) access.
+    ///
+    /// # Safety
+    ///
+    /// The caller's protocol must guarantee that nobody writes the cell
+    /// meanwhile.
+    #[inline]
+    #[allow(dead_code)]
+    pub(crate) unsafe fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        #[cfg(not(loom))]
+        {
+            f(self.inner.get())
+        }
+        #[cfg(loom)]
+        {
+            self.inner.with(f)
+        }
+    }
+
+    /// Runs `f` with exclusive access.
+    ///
+    /// # Safety
+    ///
+    /// The caller's protocol must guarantee that nobody else accesses the
+    /// cell meanwhile.
+    #[inline]
+    pub(crate) unsafe fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        #[cfg(not(loom))]
+        {
+            f(self.inner.get())
+        }
+        #[cfg(loom)]
+        {
+            self.inner.with_mut(f)
+        }
+    }
+}
+
+/// Backs off in a wait loop: a few processor spin hints, then yields the
+/// thread through the threading interface (under loom: always yields, so the
+/// model makes progress).
+pub(crate) struct Backoff {
+    #[cfg(not(loom))]
+    step: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Backoff {
+            #[cfg(not(loom))]
+            step: 0,
+        }
+    }
+
+    /// One round of waiting; `yield_now` yields the caller (a user-level or
+    /// OS thread) once spinning has not helped.
+    #[inline]
+    pub(crate) fn snooze(&mut self, yield_now: impl FnOnce()) {
+        #[cfg(loom)]
+        {
+            let _ = yield_now;
+            loom::thread::yield_now();
+        }
+        #[cfg(not(loom))]
+        {
+            if self.step < 6 {
+                for _ in 0..1u32 << self.step {
+                    core::hint::spin_loop();
+                }
+                self.step += 1;
+            } else {
+                yield_now();
+            }
+        }
+    }
+}
