@@ -30,12 +30,14 @@ mod barrier;
 mod condvar;
 mod mcs_core;
 mod mutex;
-mod node_pool;
+pub mod node_pool;
 mod spinlock;
 mod sync;
 
-#[cfg(all(test, loom))]
-mod loom_itf;
+/// A threading interface made of loom threads, for model-checking code that
+/// is generic over [`UltItf`](ct_worker::UltItf) (only under `--cfg loom`).
+#[cfg(loom)]
+pub mod loom_itf;
 
 pub use barrier::{Barrier, BarrierWaitResult};
 pub use condvar::Condvar;

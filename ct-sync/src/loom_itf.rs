@@ -9,11 +9,11 @@ use loom::thread::{self, Thread};
 use ct_worker::{JoinHandleItf, SuspendedThreadItf, UltItf};
 
 /// Loom threads as a threading interface.
-pub(crate) struct LoomItf;
+pub struct LoomItf;
 
-/// A parked loom thread and its wake-up flag.
+/// A slot for one parked loom thread and its wake-up flag.
 #[derive(Default)]
-pub(crate) struct LoomSlot {
+pub struct LoomSlot {
     parked: Mutex<Option<(Thread, Arc<AtomicBool>)>>,
 }
 
@@ -66,7 +66,8 @@ impl SuspendedThreadItf for LoomSlot {
     }
 }
 
-pub(crate) struct LoomJoin<T>(thread::JoinHandle<T>);
+/// Join handle of a loom thread.
+pub struct LoomJoin<T>(thread::JoinHandle<T>);
 
 impl<T: Send + 'static> JoinHandleItf<T> for LoomJoin<T> {
     fn join(self) -> T {
@@ -102,8 +103,8 @@ impl UltItf for LoomItf {
     }
 }
 
-/// Runs a loom model with a preemption bound.
-pub(crate) fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
+/// Runs a loom model with a preemption bound (and a raised branch limit).
+pub fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(bound);
     b.max_branches = 100_000;

@@ -1,0 +1,793 @@
+//! `offload`: latency, overhead and message rate of requests to a
+//! non-thread-safe device (Endo 2020 §4.4, Listings 4.6 and 4.7), for three
+//! ways of sharing the device between requester user-level threads:
+//!
+//! - **direct injection** — requesters lock the device (a ct-sync spinlock)
+//!   and post themselves. Completions are polled under the same lock either by
+//!   a completer OS thread, as in the seed (`direct-completer`), or by the
+//!   waiting requesters themselves (`direct-selfpoll`, no extra thread);
+//! - **static offloading** (`static`) — one dedicated OS thread takes commands
+//!   from a bounded lock-free queue (`std::sync::mpsc::sync_channel`), posts
+//!   them and polls completions, always awake;
+//! - **dynamic offloading** (`dynamic`) — `ct_delegate::Offloader`: the
+//!   executor and completer are user-level threads spawned on demand.
+//!
+//! The device is emulated: `post` and `poll` each busy-wait a fixed time
+//! (300 ns by default), a command becomes pollable a fixed latency after its
+//! post, and an "in use" flag aborts the process if `post`/`poll` ever
+//! overlap. Every run checks that each command was posted and completed once
+//! and that each callback ran once.
+//!
+//! Output: JSON lines (bench `offload`, `params.metric` = `latency`,
+//! `overhead` or `rate`), one per method and configuration, plus the paired
+//! ratios dynamic/direct (methods are interleaved run by run, so each ratio
+//! compares runs that saw the same machine noise). A summary against the
+//! issue's target goes to stderr.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, TryRecvError, TrySendError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use ct_bench::{Args, Param, Stats, emit};
+use ct_delegate::{Callback, Device, Offloader, Tag};
+use ct_sync::SpinLock;
+use ct_worker::Runtime;
+
+const HELP: &str = "\
+offload [--requesters 1,2,4,8] [--workers 1,2] [--runs 7] [--batch 256]
+        [--msgs 24000] [--round-trips 1500] [--post-ns 300] [--poll-ns 300]
+        [--latency-ns 2000] [--depth 4096] [--queue 1024]
+        [--metrics latency,rate] [--methods direct-completer,direct-selfpoll,static,dynamic]
+        [--quick]
+
+Requests from N requester user-level threads to an emulated non-thread-safe
+device (post and poll busy-wait --post-ns / --poll-ns; a command completes
+--latency-ns after its post; at most --depth commands in flight), on a
+ct-worker runtime with 1 and 2 workers. Methods, measured interleaved in the
+same run: direct-completer (requesters post under a spinlock, an OS thread
+polls), direct-selfpoll (requesters post and poll under the spinlock),
+static (a dedicated OS thread posts from a queue and polls), dynamic
+(ct_delegate::Offloader, executor and completer ULTs spawned on demand).
+
+  latency, overhead  Listing 4.6: each requester posts one request and waits
+                     for its callback, --round-trips times; ns per request from
+                     submit to callback (latency) and for the submit (overhead).
+  rate               Listing 4.7: each requester keeps up to --batch requests
+                     in flight; --msgs requests in all; million messages/s.
+
+Each figure: one warm-up, then --runs runs (min/median/max); ratio lines
+(impl dynamic/direct-*, unit ratio) are per-run paired ratios. --quick: 5 runs
+and a third of the work. Defaults (the seed's batch 256, 1..8 requesters)
+take about 20 s on a 2-core machine. Exits non-zero if a command is lost,
+duplicated, or the device is used concurrently. Target (issue 5): with >= 4
+requesters, dynamic >= 2x the message rate of direct injection.";
+
+/// Parameters of the emulated device.
+#[derive(Debug, Clone, Copy)]
+struct DevParams {
+    /// Busy time of one `post`.
+    post: Duration,
+    /// Busy time of one `poll`.
+    poll: Duration,
+    /// Time from a post until the command can be polled as complete.
+    latency: Duration,
+    /// Commands in flight at most; `post` refuses beyond.
+    depth: usize,
+}
+
+/// Busy-waits for `d` (the emulated cost of a device call).
+fn busy(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        core::hint::spin_loop();
+    }
+}
+
+/// An emulated device whose `post` and `poll` must never run concurrently.
+struct EmuDevice {
+    p: DevParams,
+    /// Set while `post` or `poll` runs; an overlap aborts the process.
+    in_use: AtomicBool,
+    /// Posted commands in post order, with the instant they complete.
+    pending: VecDeque<(Tag, Instant)>,
+    posted: u64,
+    completed: u64,
+    /// Calls of `poll`, successful or not.
+    polls: u64,
+    /// Wrapping sum of the posted command values (a checksum).
+    sum: u64,
+}
+
+impl EmuDevice {
+    fn new(p: DevParams) -> Self {
+        EmuDevice {
+            p,
+            in_use: AtomicBool::new(false),
+            pending: VecDeque::with_capacity(p.depth),
+            posted: 0,
+            completed: 0,
+            polls: 0,
+            sum: 0,
+        }
+    }
+
+    fn enter(&self) {
+        if self.in_use.swap(true, Ordering::AcqRel) {
+            eprintln!("offload: the emulated device was used by two threads at once");
+            std::process::abort();
+        }
+    }
+
+    fn leave(&self) {
+        self.in_use.store(false, Ordering::Release);
+    }
+}
+
+impl Device for EmuDevice {
+    type Command = u64;
+
+    fn post(&mut self, cmd: u64, tag: Tag) -> Result<(), u64> {
+        self.enter();
+        busy(self.p.post);
+        let r = if self.pending.len() >= self.p.depth {
+            Err(cmd)
+        } else {
+            self.pending
+                .push_back((tag, Instant::now() + self.p.latency));
+            self.posted += 1;
+            self.sum = self.sum.wrapping_add(cmd);
+            Ok(())
+        };
+        self.leave();
+        r
+    }
+
+    fn poll(&mut self) -> Option<Tag> {
+        self.enter();
+        busy(self.p.poll);
+        self.polls += 1;
+        let r = match self.pending.front() {
+            Some(&(tag, ready)) if ready <= Instant::now() => {
+                self.pending.pop_front();
+                self.completed += 1;
+                Some(tag)
+            }
+            _ => None,
+        };
+        self.leave();
+        r
+    }
+}
+
+/// The device with a tag → callback table, for the methods that drive it
+/// without `Offloader` (direct injection and static offloading).
+struct Tagged {
+    dev: EmuDevice,
+    callbacks: Vec<Option<Callback>>,
+    free: Vec<Tag>,
+    in_flight: usize,
+}
+
+impl Tagged {
+    fn new(dev: EmuDevice) -> Self {
+        Tagged {
+            dev,
+            callbacks: Vec::new(),
+            free: Vec::new(),
+            in_flight: 0,
+        }
+    }
+
+    /// Posts `cmd`; gives it back with its callback if the device is full.
+    fn post(&mut self, cmd: u64, cb: Callback) -> Result<(), (u64, Callback)> {
+        let tag = self.free.pop().unwrap_or_else(|| {
+            self.callbacks.push(None);
+            self.callbacks.len() - 1
+        });
+        match self.dev.post(cmd, tag) {
+            Ok(()) => {
+                self.callbacks[tag] = Some(cb);
+                self.in_flight += 1;
+                Ok(())
+            }
+            Err(cmd) => {
+                self.free.push(tag);
+                Err((cmd, cb))
+            }
+        }
+    }
+
+    /// Polls once; returns the callback of a completed command.
+    fn poll(&mut self) -> Option<Callback> {
+        let tag = self.dev.poll()?;
+        self.free.push(tag);
+        self.in_flight -= 1;
+        Some(
+            self.callbacks[tag]
+                .take()
+                .expect("a completed command has a callback"),
+        )
+    }
+}
+
+/// How requesters reach the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    DirectCompleter,
+    DirectSelfPoll,
+    Static,
+    Dynamic,
+}
+
+impl Method {
+    const ALL: [Method; 4] = [
+        Method::DirectCompleter,
+        Method::DirectSelfPoll,
+        Method::Static,
+        Method::Dynamic,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Method::DirectCompleter => "direct-completer",
+            Method::DirectSelfPoll => "direct-selfpoll",
+            Method::Static => "static",
+            Method::Dynamic => "dynamic",
+        }
+    }
+}
+
+/// The requesters' side of one method.
+enum Chan {
+    Direct {
+        dev: SpinLock<Tagged>,
+        /// Commands in flight (read without the lock by the completer).
+        in_flight: AtomicUsize,
+        /// Whether waiting requesters poll (otherwise a completer thread).
+        self_poll: bool,
+    },
+    Static {
+        tx: mpsc::SyncSender<(u64, Callback)>,
+    },
+    Dynamic(Arc<Offloader<EmuDevice>>),
+}
+
+impl Chan {
+    /// Submits `cmd`; `cb` runs when it completes. Yields while the queue or
+    /// the device is full.
+    fn submit(&self, cmd: u64, cb: impl FnOnce() + Send + 'static) {
+        match self {
+            Chan::Direct { dev, in_flight, .. } => {
+                let mut item: (u64, Callback) = (cmd, Box::new(cb));
+                loop {
+                    let r = {
+                        let mut d = dev.lock();
+                        let r = d.post(item.0, item.1);
+                        if r.is_ok() {
+                            in_flight.fetch_add(1, Ordering::Release);
+                        }
+                        r
+                    };
+                    match r {
+                        Ok(()) => return,
+                        Err(back) => {
+                            // Full: completions free room (ours or the
+                            // completer's polling).
+                            item = back;
+                            self.wait_step();
+                        }
+                    }
+                }
+            }
+            Chan::Static { tx } => {
+                let mut item: (u64, Callback) = (cmd, Box::new(cb));
+                loop {
+                    match tx.try_send(item) {
+                        Ok(()) => return,
+                        Err(TrySendError::Full(back)) => {
+                            item = back;
+                            ct_worker::yield_now();
+                        }
+                        Err(TrySendError::Disconnected(_)) => {
+                            fail("the static offloading thread is gone")
+                        }
+                    }
+                }
+            }
+            Chan::Dynamic(off) => off.submit(cmd, cb),
+        }
+    }
+
+    /// One step of waiting for completions: yield, or poll the device when
+    /// the requesters do the polling.
+    fn wait_step(&self) {
+        if let Chan::Direct {
+            dev,
+            in_flight,
+            self_poll: true,
+        } = self
+        {
+            // Someone else polling is as good as us polling.
+            let cb = dev.try_lock().and_then(|mut d| d.poll());
+            if let Some(cb) = cb {
+                in_flight.fetch_sub(1, Ordering::Release);
+                cb();
+                return;
+            }
+        }
+        ct_worker::yield_now();
+    }
+}
+
+/// The completer OS thread of `direct-completer`: polls under the device lock
+/// while commands are in flight, until `stop`.
+fn direct_completer(chan: Arc<Chan>, stop: Arc<AtomicBool>) {
+    let Chan::Direct { dev, in_flight, .. } = &*chan else {
+        unreachable!()
+    };
+    while !stop.load(Ordering::Acquire) {
+        if in_flight.load(Ordering::Acquire) == 0 {
+            std::thread::yield_now();
+            continue;
+        }
+        let cb = dev.lock().poll();
+        match cb {
+            Some(cb) => {
+                in_flight.fetch_sub(1, Ordering::Release);
+                cb();
+            }
+            None => std::thread::yield_now(),
+        }
+    }
+}
+
+/// The dedicated OS thread of `static`: posts queued commands, polls
+/// completions and runs callbacks, until `stop` with nothing left in flight.
+/// Returns the device for the final checks.
+fn static_thread(
+    dev: EmuDevice,
+    rx: mpsc::Receiver<(u64, Callback)>,
+    stop: Arc<AtomicBool>,
+) -> EmuDevice {
+    let mut t = Tagged::new(dev);
+    let mut held: Option<(u64, Callback)> = None;
+    loop {
+        let mut progress = false;
+        // Post what is queued (bounded, so that completions keep flowing).
+        for _ in 0..64 {
+            let item = match held.take() {
+                Some(item) => item,
+                None => match rx.try_recv() {
+                    Ok(item) => item,
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                },
+            };
+            match t.post(item.0, item.1) {
+                Ok(()) => progress = true,
+                Err(back) => {
+                    held = Some(back);
+                    break;
+                }
+            }
+        }
+        if t.in_flight > 0
+            && let Some(cb) = t.poll()
+        {
+            cb();
+            progress = true;
+        }
+        if !progress {
+            if stop.load(Ordering::Acquire) && t.in_flight == 0 && held.is_none() {
+                return t.dev;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// One method set up for one run: the requesters' channel and its helper
+/// OS thread, if any.
+struct Setup {
+    chan: Arc<Chan>,
+    stop: Arc<AtomicBool>,
+    helper: Option<JoinHandle<Option<EmuDevice>>>,
+}
+
+impl Setup {
+    fn new(m: Method, p: DevParams, queue: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let dev = EmuDevice::new(p);
+        let (chan, helper) = match m {
+            Method::DirectCompleter | Method::DirectSelfPoll => {
+                let chan = Arc::new(Chan::Direct {
+                    dev: SpinLock::new(Tagged::new(dev)),
+                    in_flight: AtomicUsize::new(0),
+                    self_poll: m == Method::DirectSelfPoll,
+                });
+                let helper = (m == Method::DirectCompleter).then(|| {
+                    let (c, s) = (chan.clone(), stop.clone());
+                    std::thread::spawn(move || {
+                        direct_completer(c, s);
+                        None
+                    })
+                });
+                (chan, helper)
+            }
+            Method::Static => {
+                let (tx, rx) = mpsc::sync_channel(queue);
+                let s = stop.clone();
+                let helper = std::thread::spawn(move || Some(static_thread(dev, rx, s)));
+                (Arc::new(Chan::Static { tx }), Some(helper))
+            }
+            Method::Dynamic => (Arc::new(Chan::Dynamic(Offloader::new(dev, queue))), None),
+        };
+        Setup { chan, stop, helper }
+    }
+
+    /// Stops the helper and checks the device's counters: `expect` commands
+    /// posted and completed once each, with command values summing to `sum`.
+    /// Returns the number of `poll` calls and of executors the dynamic
+    /// offloader spawned.
+    fn finish(self, expect: u64, sum: u64) -> (u64, usize) {
+        self.stop.store(true, Ordering::Release);
+        let from_helper = self.helper.map(|h| h.join().expect("helper thread"));
+        let check = |d: &EmuDevice| {
+            if d.posted != expect || d.completed != expect || d.sum != sum {
+                fail(&format!(
+                    "device saw {} posts and {} completions (checksum {}), expected {expect} \
+                     (checksum {sum})",
+                    d.posted, d.completed, d.sum
+                ));
+            }
+            d.polls
+        };
+        match &*self.chan {
+            Chan::Direct { dev, .. } => (check(&dev.lock().dev), 0),
+            Chan::Static { .. } => (
+                check(
+                    &from_helper
+                        .flatten()
+                        .expect("the static thread returns the device"),
+                ),
+                0,
+            ),
+            Chan::Dynamic(off) => (off.with_device(|d| check(d)), off.executors_spawned()),
+        }
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("offload: check failed: {msg}");
+    std::process::exit(1)
+}
+
+/// Runs done so far; a watchdog thread exits the process if it stalls
+/// (a lost completion would otherwise hang the benchmark).
+static PROGRESS: AtomicU64 = AtomicU64::new(0);
+
+fn start_watchdog(limit: Duration) {
+    std::thread::spawn(move || {
+        let mut last = PROGRESS.load(Ordering::Relaxed);
+        let mut since = Instant::now();
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            let now = PROGRESS.load(Ordering::Relaxed);
+            if now != last {
+                last = now;
+                since = Instant::now();
+            } else if since.elapsed() > limit {
+                fail(&format!(
+                    "no run finished in {} s: a request was lost",
+                    limit.as_secs()
+                ));
+            }
+        }
+    });
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Metric {
+    /// Listing 4.6 (gives latency and overhead).
+    Latency,
+    /// Listing 4.7.
+    Rate,
+}
+
+/// What one run measured.
+struct Sample {
+    /// ns per request (latency) or million messages per second (rate).
+    value: f64,
+    /// ns per submit (latency runs only).
+    overhead: f64,
+    /// Executors spawned by the dynamic offloader.
+    spawns: usize,
+    /// Device `poll` calls.
+    polls: u64,
+    /// Requests in the run.
+    requests: u64,
+}
+
+struct Cfg {
+    p: DevParams,
+    queue: usize,
+    batch: u64,
+    msgs: u64,
+    round_trips: u64,
+}
+
+/// Listing 4.6 for requester `r`: `n` times, submit one request and wait for
+/// its callback. Returns the summed latency and overhead in ns.
+fn latency_requester(chan: &Chan, r: u64, n: u64) -> (f64, f64) {
+    let flag = Arc::new(AtomicBool::new(false));
+    let (mut lat, mut ovh) = (0u128, 0u128);
+    for i in 0..n {
+        flag.store(false, Ordering::Relaxed);
+        let f = flag.clone();
+        let t0 = Instant::now();
+        chan.submit(r * n + i, move || f.store(true, Ordering::Release));
+        let t1 = Instant::now();
+        while !flag.load(Ordering::Acquire) {
+            chan.wait_step();
+        }
+        let t2 = Instant::now();
+        lat += (t2 - t0).as_nanos();
+        ovh += (t1 - t0).as_nanos();
+    }
+    (lat as f64, ovh as f64)
+}
+
+/// Listing 4.7 for requester `r`: submit `n` requests, keeping at most
+/// `batch` incomplete, then wait for all.
+fn rate_requester(chan: &Chan, r: u64, n: u64, batch: u64) {
+    let count = Arc::new(AtomicU64::new(0));
+    for i in 0..n {
+        while i - count.load(Ordering::Acquire) >= batch {
+            chan.wait_step();
+        }
+        let c = count.clone();
+        chan.submit(r * n + i, move || {
+            c.fetch_add(1, Ordering::Release);
+        });
+    }
+    while count.load(Ordering::Acquire) < n {
+        chan.wait_step();
+    }
+    if count.load(Ordering::Acquire) != n {
+        fail("a callback ran twice");
+    }
+}
+
+fn run_once(rt: &Runtime, m: Method, metric: Metric, requesters: usize, cfg: &Cfg) -> Sample {
+    let setup = Setup::new(m, cfg.p, cfg.queue);
+    let rq = requesters as u64;
+    let per = match metric {
+        Metric::Latency => cfg.round_trips,
+        Metric::Rate => (cfg.msgs / rq).max(1),
+    };
+    let total = per * rq;
+    let chan = setup.chan.clone();
+    let batch = cfg.batch;
+    let (elapsed, lat, ovh) = rt.block_on(move || {
+        let t = Instant::now();
+        let hs: Vec<_> = (0..rq)
+            .map(|r| {
+                let chan = chan.clone();
+                ct_worker::spawn(move || match metric {
+                    Metric::Latency => latency_requester(&chan, r, per),
+                    Metric::Rate => {
+                        rate_requester(&chan, r, per, batch);
+                        (0.0, 0.0)
+                    }
+                })
+            })
+            .collect();
+        let (mut lat, mut ovh) = (0.0, 0.0);
+        for h in hs {
+            let (l, o) = h.join();
+            lat += l;
+            ovh += o;
+        }
+        let elapsed = t.elapsed().as_secs_f64();
+        // Let the dynamic offloader's threads exit before the checks.
+        if let Chan::Dynamic(off) = &*chan {
+            while off.is_executor_running() || off.in_flight() > 0 {
+                ct_worker::yield_now();
+            }
+        }
+        (elapsed, lat, ovh)
+    });
+    // Sum of r * per + i over all requesters and requests: 0 + 1 + ... + total-1.
+    let sum = if total == 0 {
+        0
+    } else {
+        (total as u128 * (total as u128 - 1) / 2) as u64
+    };
+    let (polls, spawns) = setup.finish(total, sum);
+    PROGRESS.fetch_add(1, Ordering::Relaxed);
+    match metric {
+        Metric::Latency => Sample {
+            value: lat / total as f64,
+            overhead: ovh / total as f64,
+            spawns,
+            polls,
+            requests: total,
+        },
+        Metric::Rate => Sample {
+            value: total as f64 / elapsed / 1e6,
+            overhead: 0.0,
+            spawns,
+            polls,
+            requests: total,
+        },
+    }
+}
+
+/// Measures every method in `methods` for one configuration, interleaved
+/// run by run (run 0 is the warm-up), prints the JSON lines, and returns
+/// the summary lines against the target.
+fn measure(
+    rt: &Runtime,
+    methods: &[Method],
+    metric: Metric,
+    r: usize,
+    w: usize,
+    runs: usize,
+    cfg: &Cfg,
+) -> Vec<String> {
+    let mut samples: Vec<Vec<Sample>> = methods.iter().map(|_| Vec::new()).collect();
+    for run in 0..=runs {
+        for (i, &m) in methods.iter().enumerate() {
+            let s = run_once(rt, m, metric, r, cfg);
+            if run > 0 {
+                samples[i].push(s);
+            }
+        }
+    }
+    let params = |name: &str| -> Vec<(&str, Param)> {
+        let mut v: Vec<(&str, Param)> = vec![
+            ("metric", name.into()),
+            ("requesters", r.into()),
+            ("workers", w.into()),
+        ];
+        if metric == Metric::Rate {
+            v.push(("batch", cfg.batch.into()));
+        }
+        v.extend([
+            ("post_ns", (cfg.p.post.as_nanos() as u64).into()),
+            ("poll_ns", (cfg.p.poll.as_nanos() as u64).into()),
+            ("latency_ns", (cfg.p.latency.as_nanos() as u64).into()),
+        ]);
+        v
+    };
+    let value = |s: &Sample| s.value;
+    let overhead = |s: &Sample| s.overhead;
+    // (metric name, unit, figure) triples this configuration reports.
+    let figures: Vec<(&str, &str, &dyn Fn(&Sample) -> f64)> = match metric {
+        Metric::Latency => vec![("latency", "ns", &value), ("overhead", "ns", &overhead)],
+        Metric::Rate => vec![("rate", "Mmsg/s", &value)],
+    };
+    for (i, m) in methods.iter().enumerate() {
+        for &(name, unit, f) in &figures {
+            let v: Vec<f64> = samples[i].iter().map(f).collect();
+            emit(
+                "ct-delegate",
+                "offload",
+                m.name(),
+                &params(name),
+                unit,
+                &Stats::from_samples(&v),
+            );
+        }
+    }
+    // Paired per-run ratios dynamic / direct injection.
+    let mut summary = Vec::new();
+    let dyn_i = methods.iter().position(|&m| m == Method::Dynamic);
+    for (i, m) in methods.iter().enumerate() {
+        let Some(d) = dyn_i else { break };
+        if !matches!(m, Method::DirectCompleter | Method::DirectSelfPoll) {
+            continue;
+        }
+        let imp = format!("dynamic/{}", m.name());
+        for &(name, _, f) in &figures {
+            let v: Vec<f64> = samples[d]
+                .iter()
+                .zip(&samples[i])
+                .map(|(a, b)| f(a) / f(b))
+                .collect();
+            let rs = Stats::from_samples(&v);
+            emit("ct-delegate", "offload", &imp, &params(name), "ratio", &rs);
+            if metric == Metric::Rate && r >= 4 {
+                summary.push(format!(
+                    "rate, {r} requesters, {w} workers: {imp} = {:.2}x (target >= 2x: {})",
+                    rs.median,
+                    if rs.median >= 2.0 { "met" } else { "NOT met" }
+                ));
+            }
+        }
+    }
+    for (i, m) in methods.iter().enumerate() {
+        let reqs: u64 = samples[i].iter().map(|s| s.requests).sum();
+        let polls: u64 = samples[i].iter().map(|s| s.polls).sum();
+        let spawns: usize = samples[i].iter().map(|s| s.spawns).sum();
+        eprint!("  {}: {:.2} polls", m.name(), polls as f64 / reqs as f64);
+        if *m == Method::Dynamic {
+            eprint!(", {:.4} executor spawns", spawns as f64 / reqs as f64);
+        }
+        eprintln!(" per request");
+    }
+    summary
+}
+
+fn main() {
+    let args = Args::from_env();
+    if args.help() {
+        eprintln!("{HELP}");
+        return;
+    }
+    let quick: bool = args.get("quick", false);
+    let requesters: Vec<usize> = args.list("requesters", &[1, 2, 4, 8]);
+    let workers: Vec<usize> = args.list("workers", &[1, 2]);
+    let runs: usize = args.get("runs", if quick { 5 } else { 7 });
+    let div = if quick { 3 } else { 1 };
+    let cfg = Cfg {
+        p: DevParams {
+            post: Duration::from_nanos(args.get("post-ns", 300)),
+            poll: Duration::from_nanos(args.get("poll-ns", 300)),
+            latency: Duration::from_nanos(args.get("latency-ns", 2000)),
+            depth: args.get("depth", 4096),
+        },
+        queue: args.get("queue", 1024),
+        batch: args.get("batch", 256),
+        msgs: args.get("msgs", 24_000 / div),
+        round_trips: args.get("round-trips", 1500 / div),
+    };
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let metrics: Vec<Metric> = args
+        .list("metrics", &names(&["latency", "rate"]))
+        .iter()
+        .map(|m| match m.as_str() {
+            "latency" => Metric::Latency,
+            "rate" => Metric::Rate,
+            other => {
+                eprintln!("offload: unknown metric {other} (latency, rate)");
+                std::process::exit(2)
+            }
+        })
+        .collect();
+    let all: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
+    let methods: Vec<Method> = args
+        .list("methods", &names(&all))
+        .iter()
+        .map(|n| {
+            *Method::ALL
+                .iter()
+                .find(|m| m.name() == n)
+                .unwrap_or_else(|| {
+                    eprintln!("offload: unknown method {n} ({})", all.join(", "));
+                    std::process::exit(2)
+                })
+        })
+        .collect();
+    if cfg.queue < 2 || cfg.batch == 0 || cfg.p.depth == 0 || runs == 0 {
+        eprintln!("offload: --queue must be >= 2; --batch, --depth and --runs >= 1");
+        std::process::exit(2);
+    }
+    start_watchdog(Duration::from_secs(30));
+
+    let mut summary = Vec::new();
+    for &w in &workers {
+        let rt = Runtime::builder().workers(w).build().expect("runtime");
+        for &metric in &metrics {
+            for &r in &requesters {
+                eprintln!("{metric:?}, {r} requesters, {w} workers...");
+                summary.extend(measure(&rt, &methods, metric, r, w, runs, &cfg));
+            }
+        }
+    }
+    for line in summary {
+        eprintln!("offload: {line}");
+    }
+}

@@ -1,0 +1,132 @@
+//! `menps`: starts a job of N processes of a program on this machine.
+//!
+//! ```text
+//! menps run -n 4 [--backend shm|mpi] [--prefix-output] [--grace-ms 2000] [--timeout SECS] -- ./prog args
+//! ```
+//!
+//! The program joins the job with `menps_dsm::launch::init` (or
+//! `init_or_relaunch`). `menps` exits with 0 if every process exited with 0,
+//! otherwise with the status of the first process that failed.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use menps_dsm::launch::{self, JobConfig, Program};
+
+const USAGE: &str = "\
+usage: menps run -n N [options] [--] PROGRAM [ARGS...]
+
+Starts N processes of PROGRAM as one menps job on this machine (shm backend,
+or mpirun with --backend mpi) and exits with their combined status: 0 if all exited with 0, otherwise the
+status of the first that failed (128 + signal number for a signal). When one
+process fails, the others get Error::PeerDied and are killed after a grace
+period.
+
+options:
+  -n, --nprocs N       number of processes (default: MENPS_NPROCS, else 1)
+  --backend NAME       `shm` (default), or `mpi`: start the job with mpirun
+                       (MENPS_MPIRUN; the program needs the `mpi` feature)
+  --prefix-output      prefix every output line with `[rank N] `
+  --grace-ms MS        time the others get to exit after a failure (default 2000)
+  --timeout SECS       kill the job after SECS seconds (exit status 124)
+  -h, --help           this text
+
+environment: MENPS_NPROCS, MENPS_BACKEND, MENPS_PREFIX_OUTPUT, MENPS_GRACE_MS,
+MENPS_TIMEOUT_SECS, MENPS_RING_BYTES, MENPS_COLL_CHUNK_BYTES (options win over
+the environment). Each process gets MENPS_RANK, MENPS_SIZE, MENPS_BACKEND,
+MENPS_CONTROL_FD, MENPS_PEER_FDS and MENPS_LAUNCHER_PID.";
+
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("menps: {msg}\n\n{USAGE}");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    match args.first().and_then(|a| a.to_str()) {
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Some("run") => {
+            args.remove(0);
+        }
+        Some(other) => return fail(&format!("unknown command {other:?}")),
+        None => return fail("missing command"),
+    }
+
+    let mut config = match JobConfig::default().with_env_overrides() {
+        Ok(c) => c,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let mut it = args.into_iter();
+    let mut program: Option<OsString> = None;
+    while let Some(a) = it.next() {
+        let Some(s) = a.to_str() else {
+            program = Some(a);
+            break;
+        };
+        let mut value = |name: &str| -> Result<String, ExitCode> {
+            it.next()
+                .and_then(|v| v.into_string().ok())
+                .ok_or_else(|| fail(&format!("{name} needs a value")))
+        };
+        match s {
+            "--" => {
+                program = it.next();
+                break;
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            "-n" | "--nprocs" => match value(s).map(|v| v.parse::<usize>()) {
+                Ok(Ok(n)) => config.nprocs = n,
+                Ok(Err(_)) => return fail("-n needs a positive integer"),
+                Err(code) => return code,
+            },
+            "--backend" => match value(s).map(|v| v.parse()) {
+                Ok(Ok(b)) => config.backend = b,
+                Ok(Err(e)) => return fail(&e.to_string()),
+                Err(code) => return code,
+            },
+            "--prefix-output" => config.prefix_output = true,
+            "--grace-ms" => match value(s).map(|v| v.parse::<u64>()) {
+                Ok(Ok(ms)) => config.grace = Duration::from_millis(ms),
+                Ok(Err(_)) => return fail("--grace-ms needs milliseconds"),
+                Err(code) => return code,
+            },
+            "--timeout" => match value(s).map(|v| v.parse::<f64>()) {
+                Ok(Ok(t)) if t > 0.0 && t < 1e9 => {
+                    config.timeout = Some(Duration::from_secs_f64(t))
+                }
+                Ok(_) => return fail("--timeout needs a positive number of seconds"),
+                Err(code) => return code,
+            },
+            opt if opt.starts_with('-') => return fail(&format!("unknown option {opt}")),
+            _ => {
+                program = Some(a);
+                break;
+            }
+        }
+    }
+    let Some(path) = program else {
+        return fail("missing program");
+    };
+    if let Err(e) = config.validate() {
+        return fail(&e.to_string());
+    }
+    let program = Program {
+        path,
+        arg0: None,
+        args: it.collect(),
+    };
+    match launch::run_job(&config, &program) {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("menps: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

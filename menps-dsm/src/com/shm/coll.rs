@@ -1,0 +1,198 @@
+//! Collectives on shm.
+//!
+//! **Barrier**: a shared arrival counter and generation. Each process reads
+//! the generation, then increments the counter; the last to arrive resets
+//! the counter, bumps the generation (release) and rings every doorbell; the
+//! others wait for the generation to change.
+//!
+//! **Broadcast / allgather**: every process owns one scratch slot per
+//! *parity* (two buffers). Step `k` of a collective (one chunk of at most
+//! `chunk_bytes`) writes the caller's header and chunk into its slot of
+//! parity `k mod 2`, passes the barrier, checks that all headers agree, and
+//! copies what it needs out. Slot parity `p` is written again only at step
+//! `k + 2`, after the barrier of step `k + 1`, which every process passes
+//! only after it finished reading step `k` — so one barrier per step
+//! suffices. Since every process reads the same headers, a mismatch (other
+//! length, root or operation) is detected by all processes at the same step.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+
+use ct_worker::UltItf;
+
+use super::{ShmCom, Watch};
+use crate::com::{Coll, Error, Result};
+
+const OP_BROADCAST: u64 = 1;
+const OP_ALLGATHER: u64 = 2;
+
+/// Process-local state of the collectives (guarded by the collective lock).
+pub(crate) struct CollState {
+    /// Collective steps taken so far (its parity selects the scratch buffer).
+    step: u64,
+    /// Id the next window will get.
+    pub(crate) next_window: u32,
+    /// Descriptor-passing sockets, by peer rank (rank 0 has one to every
+    /// other rank; the others have one to rank 0).
+    pub(crate) peers: Vec<Option<OwnedFd>>,
+}
+
+impl CollState {
+    pub(crate) fn new(peers: Vec<Option<OwnedFd>>) -> Self {
+        CollState {
+            step: 0,
+            next_window: 0,
+            peers,
+        }
+    }
+}
+
+fn op_name(op: u64) -> &'static str {
+    match op {
+        OP_BROADCAST => "broadcast",
+        OP_ALLGATHER => "allgather",
+        _ => "(another collective)",
+    }
+}
+
+impl<U: UltItf> ShmCom<U> {
+    /// The barrier; the caller holds the collective lock.
+    pub(crate) fn barrier_locked(&self) -> Result<()> {
+        self.check_alive()?;
+        let (count, generation) = self.control.barrier_words();
+        let g = generation.load(Ordering::Acquire);
+        if count.fetch_add(1, Ordering::AcqRel) + 1 == self.size as u64 {
+            count.store(0, Ordering::Relaxed);
+            generation.store(g.wrapping_add(1), Ordering::Release);
+            for r in 0..self.size {
+                if r != self.rank {
+                    self.control.notify(r);
+                }
+            }
+            Ok(())
+        } else {
+            self.wait_until(Watch::AllOthers, || {
+                Ok((generation.load(Ordering::Acquire) != g).then_some(()))
+            })
+        }
+    }
+
+    /// One collective step: publishes our header (and `chunk` for
+    /// broadcast roots / allgather), passes the barrier, and checks that
+    /// every process's header matches ours.
+    fn step(
+        &self,
+        st: &mut CollState,
+        op: u64,
+        len: u64,
+        root: u64,
+        chunk: &[u8],
+    ) -> Result<usize> {
+        let parity = (st.step & 1) as usize;
+        st.step += 1;
+        let (h, data) = self.control.scratch(parity, self.rank);
+        debug_assert!(chunk.len() <= self.control.layout().chunk_bytes);
+        h.op.store(op, Ordering::Relaxed);
+        h.len.store(len, Ordering::Relaxed);
+        h.root.store(root, Ordering::Relaxed);
+        // SAFETY: our slot has room for `chunk_bytes`; nobody reads it until
+        // the barrier below, and nobody else writes it.
+        unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), data, chunk.len()) };
+        self.barrier_locked()?;
+        for r in 0..self.size {
+            let (hr, _) = self.control.scratch(parity, r);
+            let (rop, rlen, rroot) = (
+                hr.op.load(Ordering::Relaxed),
+                hr.len.load(Ordering::Relaxed),
+                hr.root.load(Ordering::Relaxed),
+            );
+            if (rop, rlen, rroot) != (op, len, root) {
+                let what = |o, l, rt| match o {
+                    OP_BROADCAST => format!("broadcast of {l} bytes from root {rt}"),
+                    o => format!("{} of {l} bytes", op_name(o)),
+                };
+                return Err(Error::CollectiveMismatch(format!(
+                    "rank {} called {}, but rank {r} called {}",
+                    self.rank,
+                    what(op, len, root),
+                    what(rop, rlen, rroot)
+                )));
+            }
+        }
+        Ok(parity)
+    }
+
+    /// Allgather into `dst`; the caller holds the collective lock.
+    pub(crate) fn allgather_into_locked(
+        &self,
+        st: &mut CollState,
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let n = self.size;
+        let total = src.len();
+        if total.checked_mul(n) != Some(dst.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "allgather destination has {} bytes; it must be size ({n}) × {total}",
+                dst.len()
+            )));
+        }
+        let chunk = self.control.layout().chunk_bytes;
+        let steps = total.div_ceil(chunk).max(1);
+        for k in 0..steps {
+            let lo = k * chunk;
+            let hi = total.min(lo + chunk);
+            let parity = self.step(st, OP_ALLGATHER, total as u64, 0, &src[lo..hi])?;
+            for r in 0..n {
+                let (_, data) = self.control.scratch(parity, r);
+                let out = &mut dst[r * total + lo..r * total + hi];
+                // SAFETY: process r wrote `hi - lo` bytes into its slot before
+                // the barrier we passed; it will not write the slot again
+                // before the next step's barrier, which needs us.
+                unsafe { std::ptr::copy_nonoverlapping(data, out.as_mut_ptr(), out.len()) };
+            }
+        }
+        Ok(())
+    }
+
+    /// Allgather into a new vector; the caller holds the collective lock.
+    pub(crate) fn allgather_locked(&self, st: &mut CollState, src: &[u8]) -> Result<Vec<u8>> {
+        let mut dst = vec![0u8; src.len() * self.size];
+        self.allgather_into_locked(st, src, &mut dst)?;
+        Ok(dst)
+    }
+}
+
+impl<U: UltItf> Coll for ShmCom<U> {
+    fn barrier(&self) -> Result<()> {
+        let _st = self.coll.lock();
+        self.barrier_locked()
+    }
+
+    fn broadcast(&self, root: usize, buf: &mut [u8]) -> Result<()> {
+        self.check_rank(root)?;
+        let mut st = self.coll.lock();
+        let total = buf.len();
+        let chunk = self.control.layout().chunk_bytes;
+        let steps = total.div_ceil(chunk).max(1);
+        for k in 0..steps {
+            let lo = k * chunk;
+            let hi = total.min(lo + chunk);
+            let mine: &[u8] = if self.rank == root { &buf[lo..hi] } else { &[] };
+            let parity = self.step(&mut st, OP_BROADCAST, total as u64, root as u64, mine)?;
+            if self.rank != root {
+                let (_, data) = self.control.scratch(parity, root);
+                let out = &mut buf[lo..hi];
+                // SAFETY: the root wrote `hi - lo` bytes before the barrier we
+                // passed; see `allgather_into_locked`.
+                unsafe { std::ptr::copy_nonoverlapping(data, out.as_mut_ptr(), out.len()) };
+            }
+        }
+        Ok(())
+    }
+
+    fn allgather_into(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
+        let mut st = self.coll.lock();
+        self.allgather_into_locked(&mut st, src, dst)
+    }
+}

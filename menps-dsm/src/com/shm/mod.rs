@@ -1,0 +1,434 @@
+//! The embedded `shm` backend: the processes of a job on one machine.
+//!
+//! - **Windows** are `memfd` objects created by rank 0 and passed to the
+//!   others over Unix sockets (`SCM_RIGHTS`); every process maps every
+//!   window `MAP_SHARED`, so RMA reads and writes are memory copies on the
+//!   mapping and compare-and-swap / fetch-and-add are hardware atomics on it
+//!   — truly one-sided, the target's CPU is never involved, as with RDMA.
+//! - **Point-to-point** messages go through a byte ring per ordered pair of
+//!   processes in the control memory ([`control`]); the receiver drains its
+//!   rings into per-(sender, tag) queues, which gives tag matching and FIFO
+//!   order per (sender, receiver, tag).
+//! - **Collectives**: a counter/generation barrier and double-buffered
+//!   scratch slots (one barrier per chunk).
+//! - **Waiting** polls with short pauses for about 5 µs, then yields (the user-level thread with
+//!   `U::yield_now`, and the OS thread), then sleeps on the process's futex
+//!   doorbell with a 1 ms timeout, yielding between sleeps — so four
+//!   processes on two cores make progress and idle waiting costs no CPU.
+//! - **Failures**: the launcher marks ended processes in the control memory
+//!   and rings every doorbell; waits check those marks. Nothing has a name in
+//!   any file system, so nothing is left behind however the job ends.
+//!
+//! Processes join a job through [`crate::launch`]; [`ShmCom::single`] makes a
+//! one-process communicator without a launcher (for tests and tools).
+
+pub(crate) mod coll;
+pub mod control;
+pub(crate) mod p2p;
+pub(crate) mod window;
+
+use std::marker::PhantomData;
+use std::os::fd::OwnedFd;
+use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::time::Duration;
+
+use ct_worker::{Ult, UltItf};
+
+use super::{Comm, Error, RemotePtr, Request, Result, Rma};
+use control::{Control, state};
+pub use window::MAX_WINDOWS;
+
+/// Communicator of the shm backend, generic over the threading library the
+/// callers run on (`U::yield_now` while waiting; default: `ct-worker`'s
+/// user-level threads, [`ct_worker::OsThreads`] for plain threads).
+///
+/// It is `Send + Sync`: share it (`&` or `Arc`) between threads and
+/// user-level threads of the process. At most one joined communicator exists
+/// per process.
+pub struct ShmCom<U: UltItf = Ult> {
+    rank: usize,
+    size: usize,
+    control: Control,
+    windows: window::WindowTable,
+    p2p: p2p::P2pState,
+    coll: ct_sync::Mutex<coll::CollState, U>,
+    _u: PhantomData<fn() -> U>,
+}
+
+impl<U: UltItf> core::fmt::Debug for ShmCom<U> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ShmCom")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a wait must also watch for, besides the job's first death.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Watch {
+    /// Fails if this process has left the job.
+    Rank(usize),
+    /// Fails if any other process has left the job.
+    AllOthers,
+    /// Fails if every other process has left the job.
+    AnyOther,
+}
+
+/// Polls with a short pause in between (about 5 µs in all on this kind of
+/// machine), so that a peer running on another core is seen at once.
+const SPIN_ROUNDS: u32 = 128;
+const YIELD_ROUNDS: u32 = 16;
+const SLEEP: Duration = Duration::from_millis(1);
+
+impl<U: UltItf> ShmCom<U> {
+    pub(crate) fn from_parts(
+        rank: usize,
+        size: usize,
+        control: Control,
+        peers: Vec<Option<OwnedFd>>,
+    ) -> Self {
+        debug_assert_eq!(control.layout().nprocs, size);
+        ShmCom {
+            rank,
+            size,
+            windows: window::WindowTable::new(),
+            p2p: p2p::P2pState::new(size),
+            coll: ct_sync::Mutex::new_in(coll::CollState::new(peers)),
+            control,
+            _u: PhantomData,
+        }
+    }
+
+    /// A communicator for a job of one process, without a launcher: windows,
+    /// RMA, messages to itself and collectives all work. Independent of any
+    /// joined communicator.
+    pub fn single() -> Result<Self> {
+        let (control, _fd) =
+            Control::create(1, control::DEFAULT_RING_BYTES, control::DEFAULT_CHUNK_BYTES)?;
+        Ok(Self::from_parts(0, 1, control, vec![None]))
+    }
+
+    /// The rank that died first, if a process of the job has died.
+    pub fn failed_rank(&self) -> Option<usize> {
+        self.control.failed_rank()
+    }
+
+    /// The address, in this process, of `len` bytes at `p` (bounds-checked).
+    ///
+    /// On shm every window of every process is mapped here, so the DSM (and
+    /// benchmarks' baselines) can access remote memory directly. Using the
+    /// pointer is `unsafe` and subject to the same rules as the window's
+    /// memory; it is valid until the window is destroyed.
+    pub fn translate(&self, p: RemotePtr, len: usize) -> Result<*mut u8> {
+        self.windows.resolve(p, len, self.size)
+    }
+
+    #[inline]
+    fn check_alive(&self) -> Result<()> {
+        match self.control.failed_word().load(Ordering::Relaxed) {
+            0 => Ok(()),
+            r => Err(Error::PeerDied {
+                rank: r as usize - 1,
+            }),
+        }
+    }
+
+    #[inline]
+    fn check_rank(&self, rank: usize) -> Result<()> {
+        if rank < self.size {
+            Ok(())
+        } else {
+            Err(Error::BadRank {
+                rank,
+                size: self.size,
+            })
+        }
+    }
+
+    /// The error a wait must return now, if any.
+    fn failure(&self, watch: Watch) -> Option<Error> {
+        if let Some(rank) = self.control.failed_rank() {
+            return Some(Error::PeerDied { rank });
+        }
+        let left = |r: usize| self.control.slot(r).state.load(Ordering::Acquire) != state::RUNNING;
+        match watch {
+            Watch::Rank(r) => left(r).then_some(Error::PeerExited { rank: r }),
+            // Name the process that left first (the others may have left
+            // because of it).
+            Watch::AllOthers => (0..self.size)
+                .filter(|&r| r != self.rank && left(r))
+                .min_by_key(|&r| self.control.slot(r).ended_seq.load(Ordering::Acquire))
+                .map(|rank| Error::PeerExited { rank }),
+            Watch::AnyOther => {
+                let others = (0..self.size).filter(|&r| r != self.rank);
+                if self.size > 1 && others.clone().all(left) {
+                    others
+                        .min_by_key(|&r| self.control.slot(r).ended_seq.load(Ordering::Acquire))
+                        .map(|rank| Error::PeerExited { rank })
+                } else {
+                    None
+                }
+            }
+        }
+    }
+
+    /// Polls until `poll` gives a value, an error, or `watch` (or a death in
+    /// the job) says it never will. Backs off: spin, yield, doorbell sleep.
+    pub(crate) fn wait_until<T>(
+        &self,
+        watch: Watch,
+        mut poll: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
+        let mut round = 0u32;
+        loop {
+            if let Some(v) = poll()? {
+                return Ok(v);
+            }
+            if let Some(e) = self.failure(watch) {
+                // What we wait for may have happened just before the peer left.
+                return poll()?.ok_or(e);
+            }
+            if round < SPIN_ROUNDS {
+                std::hint::spin_loop();
+            } else if round < SPIN_ROUNDS + YIELD_ROUNDS {
+                U::yield_now();
+                std::thread::yield_now();
+            } else {
+                let slot = self.control.slot(self.rank);
+                slot.sleepers.fetch_add(1, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                let bell = slot.doorbell.load(Ordering::SeqCst);
+                let r = poll();
+                if matches!(r, Ok(None)) && self.failure(watch).is_none() {
+                    crate::sys::futex_wait(&slot.doorbell, bell, SLEEP);
+                }
+                slot.sleepers.fetch_sub(1, Ordering::SeqCst);
+                if let Some(v) = r? {
+                    return Ok(v);
+                }
+                // Let other user-level threads of this worker run between
+                // sleeps.
+                U::yield_now();
+            }
+            round = round.saturating_add(1);
+        }
+    }
+
+    #[inline]
+    fn atomic_at(&self, p: RemotePtr) -> Result<&AtomicU64> {
+        self.check_alive()?;
+        if !p.offset().is_multiple_of(8) {
+            return Err(Error::UnalignedAtomic {
+                window: p.window().0,
+                offset: p.offset(),
+            });
+        }
+        let a = self.windows.resolve(p, 8, self.size)?;
+        // SAFETY: `resolve` checked that the 8 bytes lie inside a live
+        // window mapping; window bases are page-aligned and the offset is a
+        // multiple of 8, so the word is aligned; any bit pattern is a valid
+        // AtomicU64, and the mapping outlives `&self` (destroyed windows stay
+        // reserved).
+        Ok(unsafe { &*(a as *const AtomicU64) })
+    }
+
+    /// Blocking read (the hot path, without a request).
+    #[inline]
+    fn do_read(&self, src: RemotePtr, dst: *mut u8, len: usize) -> Result<()> {
+        self.check_alive()?;
+        let s = self.windows.resolve(src, len, self.size)?;
+        // SAFETY: `s..s+len` is inside a live mapping (checked); the caller
+        // guarantees `dst` is valid for `len` bytes. `copy` tolerates overlap
+        // (a read from one's own window into itself). Concurrent conflicting
+        // remote writes give unspecified bytes, as with RDMA; the DSM's
+        // protocol excludes them.
+        unsafe { copy_bytes(s, dst, len) };
+        Ok(())
+    }
+
+    /// Blocking write (the hot path, without a request).
+    #[inline]
+    fn do_write(&self, dst: RemotePtr, src: *const u8, len: usize) -> Result<()> {
+        self.check_alive()?;
+        let d = self.windows.resolve(dst, len, self.size)?;
+        // SAFETY: as in `do_read`, with the roles swapped.
+        unsafe { copy_bytes(src, d, len) };
+        Ok(())
+    }
+}
+
+/// `memmove` with a fast path for word-sized copies.
+///
+/// # Safety
+/// `src` valid for reads and `dst` for writes of `len` bytes.
+#[inline(always)]
+unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
+    // SAFETY: per the contract; unaligned accesses are allowed by
+    // read/write_unaligned, and a single load-then-store is overlap-safe.
+    unsafe {
+        match len {
+            8 => ptr::write_unaligned(dst.cast::<u64>(), ptr::read_unaligned(src.cast::<u64>())),
+            4 => ptr::write_unaligned(dst.cast::<u32>(), ptr::read_unaligned(src.cast::<u32>())),
+            16 => ptr::write_unaligned(dst.cast::<u128>(), ptr::read_unaligned(src.cast::<u128>())),
+            _ => ptr::copy(src, dst, len),
+        }
+    }
+}
+
+impl<U: UltItf> Comm for ShmCom<U> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+}
+
+impl<U: UltItf> Rma for ShmCom<U> {
+    type Request = Request<U>;
+
+    unsafe fn read_nb(&self, src: RemotePtr, dst: *mut u8, len: usize) -> Result<Request<U>> {
+        self.do_read(src, dst, len)?;
+        Ok(Request::ready(Ok(0)))
+    }
+
+    unsafe fn write_nb(&self, dst: RemotePtr, src: *const u8, len: usize) -> Result<Request<U>> {
+        self.do_write(dst, src, len)?;
+        Ok(Request::ready(Ok(0)))
+    }
+
+    fn compare_and_swap_nb(
+        &self,
+        target: RemotePtr,
+        expected: u64,
+        new: u64,
+    ) -> Result<Request<U>> {
+        self.compare_and_swap(target, expected, new)
+            .map(|v| Request::ready(Ok(v)))
+    }
+
+    fn fetch_add_nb(&self, target: RemotePtr, delta: u64) -> Result<Request<U>> {
+        self.fetch_add(target, delta).map(|v| Request::ready(Ok(v)))
+    }
+
+    fn flush(&self, rank: usize) -> Result<()> {
+        self.check_rank(rank)?;
+        fence(Ordering::SeqCst);
+        self.check_alive()
+    }
+
+    fn flush_all(&self) -> Result<()> {
+        fence(Ordering::SeqCst);
+        self.check_alive()
+    }
+
+    #[inline]
+    fn read(&self, src: RemotePtr, dst: &mut [u8]) -> Result<()> {
+        self.do_read(src, dst.as_mut_ptr(), dst.len())
+    }
+
+    #[inline]
+    fn write(&self, dst: RemotePtr, src: &[u8]) -> Result<()> {
+        self.do_write(dst, src.as_ptr(), src.len())
+    }
+
+    #[inline]
+    fn compare_and_swap(&self, target: RemotePtr, expected: u64, new: u64) -> Result<u64> {
+        let w = self.atomic_at(target)?;
+        Ok(
+            match w.compare_exchange(expected, new, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) | Err(v) => v,
+            },
+        )
+    }
+
+    #[inline]
+    fn fetch_add(&self, target: RemotePtr, delta: u64) -> Result<u64> {
+        Ok(self.atomic_at(target)?.fetch_add(delta, Ordering::SeqCst))
+    }
+
+    #[inline]
+    fn atomic_load(&self, target: RemotePtr) -> Result<u64> {
+        Ok(self.atomic_at(target)?.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::com::{Coll, P2p, RmaRequest, Source, WindowId, Windows};
+    use ct_worker::OsThreads;
+
+    #[test]
+    fn single_process_communicator() {
+        let com = ShmCom::<OsThreads>::single().unwrap();
+        assert_eq!((com.rank(), com.size()), (0, 1));
+        let w = com.create_window(100).unwrap();
+        assert_eq!(com.window_size(w), Ok(100));
+        com.write(w.at(0, 3), b"hello").unwrap();
+        let mut b = [0u8; 5];
+        com.read(w.at(0, 3), &mut b).unwrap();
+        assert_eq!(&b, b"hello");
+        let local = com.local_window(w).unwrap();
+        // SAFETY: nothing else accesses the window.
+        assert_eq!(&unsafe { local.as_slice() }[3..8], b"hello");
+        assert_eq!(com.compare_and_swap(w.at(0, 8), 0, 5), Ok(0));
+        assert_eq!(com.compare_and_swap(w.at(0, 8), 0, 6), Ok(5));
+        assert_eq!(com.fetch_add_nb(w.at(0, 8), 2).unwrap().wait(), Ok(5));
+        assert_eq!(com.atomic_load(w.at(0, 8)), Ok(7));
+        assert!(matches!(
+            com.read(w.at(0, 98), &mut b),
+            Err(Error::OutOfBounds {
+                window: 0,
+                offset: 98,
+                len: 5,
+                size: 100
+            })
+        ));
+        assert!(matches!(
+            com.fetch_add(w.at(0, 96), 1),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            com.fetch_add(w.at(0, 1), 1),
+            Err(Error::UnalignedAtomic { .. })
+        ));
+        assert!(matches!(
+            com.read(WindowId(7).at(0, 0), &mut b),
+            Err(Error::UnknownWindow { window: 7 })
+        ));
+        assert!(matches!(
+            com.read(w.at(1, 0), &mut b),
+            Err(Error::BadRank { rank: 1, size: 1 })
+        ));
+        let p = com.translate(w.at(0, 3), 5).unwrap();
+        // SAFETY: 5 bytes inside the live window, nobody writes them.
+        assert_eq!(unsafe { std::slice::from_raw_parts(p, 5) }, b"hello");
+
+        com.send(0, 9, b"x").unwrap();
+        com.send(0, 8, b"y").unwrap();
+        assert_eq!(com.recv(Source::Any, 8).unwrap(), (0, b"y".to_vec()));
+        assert_eq!(
+            com.try_recv(Source::Rank(0), 9).unwrap(),
+            Some((0, b"x".to_vec()))
+        );
+        assert_eq!(com.try_recv(Source::Rank(0), 9).unwrap(), None);
+        assert!(matches!(
+            com.recv(Source::Rank(3), 1),
+            Err(Error::BadRank { .. })
+        ));
+
+        com.barrier().unwrap();
+        let mut data = vec![1, 2, 3];
+        com.broadcast(0, &mut data).unwrap();
+        assert_eq!(com.allgather(&data).unwrap(), vec![1, 2, 3]);
+        com.destroy_window(w).unwrap();
+        assert!(matches!(
+            com.fetch_add(w.at(0, 8), 1),
+            Err(Error::UnknownWindow { .. })
+        ));
+        assert_eq!(com.failed_rank(), None);
+    }
+}

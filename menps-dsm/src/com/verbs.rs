@@ -1,0 +1,1 @@
+//! The `verbs` backend (placeholder while it is written).

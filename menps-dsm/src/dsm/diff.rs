@@ -1,0 +1,382 @@
+//! XOR diff merging with write-write race detection (Endo 2020 §3.5.4,
+//! Table 3.1), and the changed-run finder of the fixed-home policy.
+//!
+//! Three versions of a block take part: `twin` (the base version this
+//! process started writing from), `data` (this process's working copy) and
+//! `other` (the latest version from elsewhere). This process's changes are
+//! `data ^ twin`, the other side's `other ^ twin`; the merged block is
+//! `other ^ data ^ twin`. A byte changed by both sides is a write-write race:
+//! the merge reports the first one (granularity: bytes, the smallest unit a
+//! program can write without racing with its neighbours).
+//!
+//! The loops work on 64-bit words and compile to SIMD. They need exclusive
+//! access to the buffers they write (callers protect the block first or work
+//! on blocks the application cannot touch).
+
+/// Where a merge found both sides changing the same byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Race {
+    /// Byte offset of the first racing byte in the block.
+    pub offset: usize,
+    /// The aligned word around it in the base version.
+    pub base: u64,
+    /// The word in this process's copy.
+    pub local: u64,
+    /// The word in the other version.
+    pub remote: u64,
+}
+
+const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+const HI1: u64 = 0x8080_8080_8080_8080;
+
+/// The high bit of every byte of `x` that is non-zero.
+#[inline(always)]
+fn nonzero_bytes(x: u64) -> u64 {
+    (((x & LO7).wrapping_add(LO7)) | x) & HI1
+}
+
+/// Words per chunk of the race-checking loops (a race is looked up only in
+/// the chunk that has one).
+const CHUNK: usize = 64;
+
+#[inline(always)]
+fn words(len: usize) -> usize {
+    debug_assert_eq!(len % 8, 0);
+    len / 8
+}
+
+fn find_race(twin: &[u64], data: &[u64], other: &[u64], from: usize) -> Race {
+    for i in from..twin.len() {
+        let (t, d, o) = (twin[i], data[i], other[i]);
+        let both = nonzero_bytes(d ^ t) & nonzero_bytes(o ^ t);
+        if both != 0 {
+            let byte = (both.trailing_zeros() / 8) as usize;
+            return Race {
+                offset: i * 8 + byte,
+                base: t,
+                local: d,
+                remote: o,
+            };
+        }
+    }
+    unreachable!("find_race called on a chunk without a race")
+}
+
+/// What a merge found besides races.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Merged {
+    /// Whether this process had changed anything (`data != twin`).
+    pub local_changes: bool,
+}
+
+/// Write-merge: `data = twin = other ^ data ^ twin` (this process's changes
+/// applied on top of `other`, which becomes the new base).
+///
+/// Returns the first race if `detect` and both sides changed a byte; the
+/// buffers are then partly merged (the DSM stops after a race).
+pub fn write_merge(
+    data: &mut [u64],
+    twin: &mut [u64],
+    other: &[u64],
+    detect: bool,
+) -> Result<Merged, Race> {
+    let n = data.len();
+    assert!(twin.len() == n && other.len() == n);
+    let mut changed = 0u64;
+    let mut start = 0;
+    while start < n {
+        let end = (start + CHUNK).min(n);
+        let mut race = 0u64;
+        for i in start..end {
+            let (d, t, o) = (data[i], twin[i], other[i]);
+            let local = d ^ t;
+            race |= nonzero_bytes(local) & nonzero_bytes(o ^ t);
+            changed |= local;
+        }
+        if detect && race != 0 {
+            return Err(find_race(twin, data, other, start));
+        }
+        for i in start..end {
+            // Only words the other side changed are rewritten in `data`, so
+            // a word this process is writing concurrently (a pinned call
+            // stack's live frame) is never overwritten with an older value.
+            let r = other[i] ^ twin[i];
+            let m = data[i] ^ r;
+            if r != 0 {
+                data[i] = m;
+            }
+            twin[i] = m;
+        }
+        start = end;
+    }
+    Ok(Merged {
+        local_changes: changed != 0,
+    })
+}
+
+/// Read-merge: `data = other ^ data ^ twin`, `twin = other` (the other
+/// version is taken in, this process's changes stay pending against the new
+/// base).
+pub fn read_merge(
+    data: &mut [u64],
+    twin: &mut [u64],
+    other: &[u64],
+    detect: bool,
+) -> Result<Merged, Race> {
+    let n = data.len();
+    assert!(twin.len() == n && other.len() == n);
+    let mut changed = 0u64;
+    let mut start = 0;
+    while start < n {
+        let end = (start + CHUNK).min(n);
+        let mut race = 0u64;
+        for i in start..end {
+            let (d, t, o) = (data[i], twin[i], other[i]);
+            let local = d ^ t;
+            race |= nonzero_bytes(local) & nonzero_bytes(o ^ t);
+            changed |= local;
+        }
+        if detect && race != 0 {
+            return Err(find_race(twin, data, other, start));
+        }
+        for i in start..end {
+            let o = other[i];
+            let r = o ^ twin[i];
+            if r != 0 {
+                data[i] ^= r;
+            }
+            twin[i] = o;
+        }
+        start = end;
+    }
+    Ok(Merged {
+        local_changes: changed != 0,
+    })
+}
+
+/// Applies this process's changes (`data ^ twin`) onto `other` in place:
+/// `other ^= data ^ twin`; returns whether there were any. For the fixed
+/// home, where the merged version is written back to the home.
+pub fn apply_changes(
+    other: &mut [u64],
+    data: &[u64],
+    twin: &[u64],
+    detect: bool,
+) -> Result<Merged, Race> {
+    let n = data.len();
+    assert!(twin.len() == n && other.len() == n);
+    let mut changed = 0u64;
+    let mut start = 0;
+    while start < n {
+        let end = (start + CHUNK).min(n);
+        let mut race = 0u64;
+        for i in start..end {
+            let (d, t, o) = (data[i], twin[i], other[i]);
+            let local = d ^ t;
+            race |= nonzero_bytes(local) & nonzero_bytes(o ^ t);
+            changed |= local;
+        }
+        if detect && race != 0 {
+            return Err(find_race(twin, data, other, start));
+        }
+        for i in start..end {
+            other[i] ^= data[i] ^ twin[i];
+        }
+        start = end;
+    }
+    Ok(Merged {
+        local_changes: changed != 0,
+    })
+}
+
+/// Whether `a` and `b` differ.
+pub fn differs(a: &[u64], b: &[u64]) -> bool {
+    a != b
+}
+
+/// The maximal runs of bytes where `a` and `b` differ, as `(offset, len)`,
+/// byte-exact (so writing them touches no byte that did not change).
+pub fn changed_runs(a: &[u64], b: &[u64], out: &mut Vec<(usize, usize)>) {
+    out.clear();
+    let n = a.len();
+    assert_eq!(b.len(), n);
+    let mut run: Option<(usize, usize)> = None;
+    let mut i = 0;
+    while i < n {
+        let x = a[i] ^ b[i];
+        if x == 0 {
+            if let Some(r) = run.take() {
+                out.push(r);
+            }
+            i += 1;
+            continue;
+        }
+        let mask = nonzero_bytes(x);
+        if mask == HI1 {
+            // The whole word changed.
+            match &mut run {
+                Some((_, len)) => *len += 8,
+                None => run = Some((i * 8, 8)),
+            }
+        } else {
+            for byte in 0..8 {
+                let at = i * 8 + byte;
+                if mask & (0x80 << (8 * byte)) != 0 {
+                    match &mut run {
+                        Some((_, len)) => *len += 1,
+                        None => run = Some((at, 1)),
+                    }
+                } else if let Some(r) = run.take() {
+                    out.push(r);
+                }
+            }
+        }
+        i += 1;
+    }
+    if let Some(r) = run {
+        out.push(r);
+    }
+}
+
+/// Views `len` bytes at `p` as words.
+///
+/// # Safety
+/// `p` must be 8-byte aligned and valid for reads (and writes, if the result
+/// is written) of `len` bytes, with no other access while the slice lives.
+#[allow(clippy::mut_from_ref)]
+pub unsafe fn words_mut<'a>(p: *mut u8, len: usize) -> &'a mut [u64] {
+    debug_assert_eq!(p as usize % 8, 0);
+    // SAFETY: per the function's contract.
+    unsafe { core::slice::from_raw_parts_mut(p.cast::<u64>(), words(len)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(n: usize, f: impl Fn(usize) -> u8) -> Vec<u64> {
+        let bytes: Vec<u8> = (0..n).map(f).collect();
+        bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn bytes(w: &[u64]) -> Vec<u8> {
+        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn nonzero_bytes_marks_exactly_nonzero_bytes() {
+        assert_eq!(nonzero_bytes(0), 0);
+        assert_eq!(nonzero_bytes(0x0100), 0x8000);
+        assert_eq!(nonzero_bytes(0x80), 0x80);
+        assert_eq!(nonzero_bytes(u64::MAX), HI1);
+        assert_eq!(
+            nonzero_bytes(0x01_00_00_00_00_00_00_7f),
+            0x80_00_00_00_00_00_00_80
+        );
+    }
+
+    #[test]
+    fn write_merge_combines_disjoint_changes() {
+        let n = 4096;
+        let twin = block(n, |i| (i % 251) as u8);
+        let mut data = twin.clone();
+        let mut other = twin.clone();
+        // Local changes the even 8-byte stripes, remote the odd ones.
+        let (mut d, mut o) = (bytes(&data), bytes(&other));
+        for i in 0..n {
+            if (i / 8) % 2 == 0 {
+                d[i] = d[i].wrapping_add(1);
+            } else {
+                o[i] = o[i].wrapping_add(2);
+            }
+        }
+        data = block(n, |i| d[i]);
+        other = block(n, |i| o[i]);
+        let mut t = twin.clone();
+        let m = write_merge(&mut data, &mut t, &other, true).unwrap();
+        assert!(m.local_changes);
+        let merged = bytes(&data);
+        for i in 0..n {
+            let want = if (i / 8) % 2 == 0 { d[i] } else { o[i] };
+            assert_eq!(merged[i], want, "byte {i}");
+        }
+        assert_eq!(t, data);
+    }
+
+    #[test]
+    fn byte_granular_race_is_found() {
+        let twin = vec![0u64; 512];
+        let mut data = twin.clone();
+        let mut other = twin.clone();
+        // Same word, different bytes: not a race.
+        data[10] = 0x00ff;
+        other[10] = 0xff00;
+        let mut t = twin.clone();
+        let mut d = data.clone();
+        assert!(write_merge(&mut d, &mut t, &other, true).is_ok());
+        assert_eq!(d[10], 0xffff);
+        // Same byte, different bits: a race (the merged byte would be
+        // neither write).
+        data[300] = 0x01 << 16;
+        other[300] = 0x02 << 16;
+        let mut t = twin.clone();
+        let mut d = data.clone();
+        let r = write_merge(&mut d, &mut t, &other, true).unwrap_err();
+        assert_eq!(r.offset, 300 * 8 + 2);
+        assert_eq!(r.local, 0x01 << 16);
+        assert_eq!(r.remote, 0x02 << 16);
+        // Without detection the merge goes through.
+        let mut t = twin.clone();
+        let mut d = data.clone();
+        assert!(write_merge(&mut d, &mut t, &other, false).is_ok());
+    }
+
+    #[test]
+    fn read_merge_keeps_local_diff_pending() {
+        let twin = vec![1u64; 64];
+        let mut data = twin.clone();
+        data[3] = 7;
+        let mut other = twin.clone();
+        other[5] = 9;
+        let mut t = twin.clone();
+        read_merge(&mut data, &mut t, &other, true).unwrap();
+        assert_eq!(data[3], 7);
+        assert_eq!(data[5], 9);
+        assert_eq!(t, other);
+        // The pending diff is exactly the local change.
+        let diff: Vec<usize> = (0..64).filter(|&i| data[i] != t[i]).collect();
+        assert_eq!(diff, vec![3]);
+    }
+
+    #[test]
+    fn apply_changes_updates_other() {
+        let twin = vec![0u64; 32];
+        let mut data = twin.clone();
+        data[1] = 0xab;
+        let mut other = twin.clone();
+        other[2] = 0xcd;
+        let m = apply_changes(&mut other, &data, &twin, true).unwrap();
+        assert!(m.local_changes);
+        assert_eq!((other[1], other[2]), (0xab, 0xcd));
+        let m = apply_changes(&mut other.clone(), &twin, &twin, true).unwrap();
+        assert!(!m.local_changes);
+    }
+
+    #[test]
+    fn runs_are_byte_exact() {
+        let a = vec![0u64; 8];
+        let mut b = a.clone();
+        b[0] = 0x00_00_ff_00; // byte 1
+        b[1] = u64::MAX; // bytes 8..16
+        b[2] = 0xff; // byte 16
+        b[5] = 0xff << 56; // byte 47
+        let mut runs = Vec::new();
+        changed_runs(&a, &b, &mut runs);
+        assert_eq!(runs, vec![(1, 1), (8, 9), (47, 1)]);
+        changed_runs(&a, &a, &mut runs);
+        assert!(runs.is_empty());
+    }
+}

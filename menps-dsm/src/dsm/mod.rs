@@ -1,0 +1,370 @@
+//! The MENPS page-based distributed shared memory (Endo 2020 ch. 3).
+//!
+//! Every process maps the same DSM address range; what one process writes
+//! there, another reads after synchronising with it — a barrier, a DSM
+//! mutex, or an atomic with release/acquire semantics — as in any
+//! data-race-free shared-memory program (release consistency). Coherence
+//! works per *block* (a power of two, 4 KiB .. 1 MiB, chosen per segment)
+//! with page protection: a block this process may not read or write is
+//! protected, and the access faults into the DSM, which fetches or upgrades
+//! the block and lets the access continue.
+//!
+//! # The protocol
+//!
+//! - **Floating home** (default): a block's data lives at the process that
+//!   released it last. A release with changes takes the block's distributed
+//!   queue lock, which finds the last releaser through probable-owner links
+//!   and carries the block's timestamps (its *lock-associated data*); it
+//!   reads that process's copy, applies its own changes with an XOR diff
+//!   (detecting write-write races at byte granularity), writes the version
+//!   it took back into the old home's twin ("copy back"), and becomes the
+//!   home. The **fixed home** policy (block-cyclic homes, changed runs
+//!   written to the home) is there for comparison.
+//! - **Hybrid invalidation** (default): every version of a block has a
+//!   logical interval `[wr_ts, rd_ts]`; releases add *write notices* to the
+//!   releaser's signature, a bounded list whose truncation raises a minimum
+//!   write timestamp. An acquirer drops the copies that a notice or the
+//!   minimum write timestamp makes stale, and re-reads an invalidated block
+//!   straight from the notice's writer (**fast read**). The `timestamp`
+//!   (leases only) and `directory` (sharer sets with posted invalidations)
+//!   policies are there for comparison.
+//! - **Fast release**: a block that has not migrated since this process's
+//!   last transaction (its queue-lock word still says so) is released
+//!   without the lock and without copying its twin; its write notice carries
+//!   a fresh interval (the original published the previous one on some
+//!   paths, a stale-read hole this implementation closes).
+//! - **Two-way merging**: invalidating a block with local changes keeps them
+//!   (`InvalidDirty`) and merges them at the next release.
+//!
+//! # Using it
+//!
+//! ```no_run
+//! use menps_dsm::dsm::Dsm;
+//! use menps_dsm::com::ShmCom;
+//! use ct_worker::OsThreads;
+//!
+//! // Start 2 processes of this program; each gets the communicator.
+//! let com: ShmCom<OsThreads> = menps_dsm::launch::init_or_relaunch(2)?;
+//! let dsm = Dsm::new(com)?;
+//! // Collectively: 1 MiB of shared memory, 4 KiB blocks, same address in
+//! // every process.
+//! let p = dsm.alloc_segment(1 << 20, 4096)? as *mut u64;
+//! if dsm.rank() == 0 {
+//!     // SAFETY: `p` points to DSM memory nobody else writes now.
+//!     unsafe { p.write(42) };
+//! }
+//! dsm.barrier()?;
+//! // SAFETY: written before the barrier, read after it.
+//! assert_eq!(unsafe { p.read() }, 42);
+//! dsm.finalize()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Application code accesses DSM memory through raw pointers (or the typed
+//! helpers of the heap); the access may fault and be resolved, possibly
+//! parking the calling user-level thread.
+//!
+//! # Errors
+//!
+//! The DSM is fail-stop: a dead peer, a detected data race or a protocol
+//! failure is recorded, returned by the operation that found it and by
+//! every later one. A fault that cannot be resolved ends the process with
+//! the error on stderr (status 1 for a dead peer, abort otherwise).
+
+pub mod config;
+pub mod diff;
+pub mod error;
+pub mod fault;
+pub mod layout;
+mod qlock;
+pub mod segment;
+pub mod signature;
+mod space;
+mod sync;
+
+use std::marker::PhantomData;
+
+use ct_worker::{OsThreads, UltItf};
+
+use crate::com::Communicator;
+
+pub use config::{DsmConfig, InvalidationPolicy, WriterPolicy};
+pub use error::{DsmError, DsmResult, RaceReport};
+pub use segment::BlockState;
+pub use space::StatsSnapshot;
+
+use space::{AtomicOp, Space};
+
+impl<C: Communicator, U: UltItf> fault::FaultResolver for Space<C, U> {
+    fn owns(&self, addr: usize) -> bool {
+        self.locate(addr).is_some()
+    }
+
+    fn resolve(&self, addr: usize, write: bool) -> DsmResult<()> {
+        Space::resolve(self, addr, write)
+    }
+}
+
+/// The DSM of this process: a handle every thread of the process may use
+/// (`&Dsm` is `Send + Sync`). One exists per process at a time.
+///
+/// `C` is the communication backend, `U` the threading library the
+/// process's threads run on (`OsThreads` for plain threads; ct-worker's
+/// `Ult` for user-level threads, whose waits then park instead of blocking).
+pub struct Dsm<C: Communicator + 'static, U: UltItf = OsThreads> {
+    space: &'static Space<C, U>,
+    done: bool,
+    _u: PhantomData<fn() -> U>,
+}
+
+/// A DSM mutex: an id valid in every process (pass it through DSM memory or
+/// a broadcast).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DsmMutex(pub u32);
+
+impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
+    /// Collectively starts the DSM on `com` with the default configuration
+    /// and the `MENPS_DSM_*` environment variables ([`config`]).
+    pub fn new(com: C) -> DsmResult<Self> {
+        Self::with_config(com, DsmConfig::default())
+    }
+
+    /// Collectively starts the DSM with `cfg` (the `MENPS_DSM_*` variables
+    /// override it). Every process must pass the same configuration.
+    pub fn with_config(com: C, cfg: DsmConfig) -> DsmResult<Self> {
+        let cfg = cfg.with_env()?;
+        cfg.validate(com.size())?;
+        // Every process must agree on the protocol.
+        let mine = format!("{cfg:?}");
+        let all = com.allgather(&fingerprint(&mine).to_le_bytes())?;
+        if all
+            .chunks_exact(8)
+            .any(|c| c != fingerprint(&mine).to_le_bytes())
+        {
+            return Err(DsmError::Config(
+                "processes started the DSM with different configurations".into(),
+            ));
+        }
+        let space = Space::new(com, cfg)?;
+        let space: &'static Space<C, U> = Box::leak(Box::new(space));
+        if let Err(e) = fault::register(space) {
+            // SAFETY: `space` was leaked just above and never registered or
+            // shared.
+            drop(unsafe { Box::from_raw(space as *const Space<C, U> as *mut Space<C, U>) });
+            return Err(e);
+        }
+        Ok(Dsm {
+            space,
+            done: false,
+            _u: PhantomData,
+        })
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.space.rank
+    }
+
+    /// Number of processes.
+    pub fn nprocs(&self) -> usize {
+        self.space.nprocs
+    }
+
+    /// The configuration in effect.
+    pub fn config(&self) -> &DsmConfig {
+        &self.space.cfg
+    }
+
+    /// The communicator (for the application's own messages; tags with the
+    /// top bit set are the DSM's).
+    pub fn com(&self) -> &C {
+        &self.space.com
+    }
+
+    /// Counters of protocol events in this process.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.space.stats()
+    }
+
+    /// Collectively creates a segment of `size` bytes (a multiple of
+    /// `block_size`) with blocks of `block_size` bytes; returns its address,
+    /// the same in every process. Its memory starts zeroed.
+    pub fn alloc_segment(&self, size: usize, block_size: usize) -> DsmResult<*mut u8> {
+        self.space
+            .create_segment(size, block_size, None)
+            .map(|a| a as *mut u8)
+    }
+
+    /// Collectively creates a segment whose initial contents are `image`
+    /// (the same in every process).
+    pub fn alloc_segment_with(&self, image: &[u8], block_size: usize) -> DsmResult<*mut u8> {
+        let size = image.len().next_multiple_of(block_size).max(block_size);
+        self.space
+            .create_segment(size, block_size, Some(image))
+            .map(|a| a as *mut u8)
+    }
+
+    /// DSM barrier: every write before it, by any process, is visible to
+    /// every read after it. Collective (one caller per process).
+    pub fn barrier(&self) -> DsmResult<()> {
+        self.space.barrier()
+    }
+
+    /// Release fence: this process's writes so far become visible to any
+    /// process that later acquires from it.
+    pub fn release_fence(&self) -> DsmResult<()> {
+        self.space.release_fence()
+    }
+
+    /// Allocates a DSM mutex (not collective; share its id).
+    pub fn new_mutex(&self) -> DsmResult<DsmMutex> {
+        self.space.mutex_alloc().map(DsmMutex)
+    }
+
+    /// Frees a mutex that nobody holds; its id may be reused.
+    pub fn free_mutex(&self, m: DsmMutex) -> DsmResult<()> {
+        self.space.mutex_free(m.0)
+    }
+
+    /// Locks `m`; everything its previous holders wrote before unlocking is
+    /// visible afterwards.
+    pub fn lock(&self, m: DsmMutex) -> DsmResult<DsmMutexGuard<'_, C, U>> {
+        self.space.mutex_lock(m.0)?;
+        Ok(DsmMutexGuard {
+            dsm: self,
+            m,
+            armed: true,
+        })
+    }
+
+    /// Atomically adds `delta` to the DSM word at `word` (acquire and
+    /// release); returns the old value.
+    pub fn fetch_add(&self, word: *mut u64, delta: u64) -> DsmResult<u64> {
+        self.space
+            .atomic(word as usize, AtomicOp::FetchAdd(delta), true)
+    }
+
+    /// Atomically replaces the DSM word at `word` with `new` if it equals
+    /// `expected` (acquire and release); returns `Ok(old)` on success and
+    /// `Err(actual)` otherwise.
+    pub fn compare_exchange(
+        &self,
+        word: *mut u64,
+        expected: u64,
+        new: u64,
+    ) -> DsmResult<Result<u64, u64>> {
+        let old = self.space.atomic(
+            word as usize,
+            AtomicOp::CompareExchange(expected, new),
+            true,
+        )?;
+        Ok(if old == expected { Ok(old) } else { Err(old) })
+    }
+
+    /// Reads the DSM word at `word` with acquire semantics.
+    pub fn load_acquire(&self, word: *const u64) -> DsmResult<u64> {
+        self.space.atomic(word as usize, AtomicOp::Load, false)
+    }
+
+    /// Writes the DSM word at `word` with release semantics.
+    pub fn store_release(&self, word: *mut u64, value: u64) -> DsmResult<()> {
+        self.space
+            .atomic(word as usize, AtomicOp::Store(value), true)
+            .map(drop)
+    }
+
+    /// Pins `[addr, addr + len)`: its blocks become writable and stay so —
+    /// no fault can happen there — until [`Dsm::unpin`]. For call stacks in
+    /// the DSM.
+    pub fn pin(&self, addr: *mut u8, len: usize) -> DsmResult<()> {
+        self.space.pin(addr as usize, len)
+    }
+
+    /// Unpins `[addr, addr + len)`; the next release fence releases it.
+    pub fn unpin(&self, addr: *mut u8, len: usize) -> DsmResult<()> {
+        self.space.unpin(addr as usize, len)
+    }
+
+    /// State of the block holding `addr` in this process, if it is DSM
+    /// memory (diagnostics and tests).
+    pub fn block_state(&self, addr: *const u8) -> Option<BlockState> {
+        self.space.state_of(addr as usize)
+    }
+
+    /// Releases the blocks of `[addr, addr + len)` now (memory changing
+    /// hands).
+    pub fn release_range(&self, addr: *mut u8, len: usize) -> DsmResult<()> {
+        self.space.release_range(addr as usize, len)
+    }
+
+    /// Drops this process's copies of the blocks of `[addr, addr + len)`,
+    /// so the next access fetches the latest version (memory changing
+    /// hands).
+    pub fn forget_range(&self, addr: *mut u8, len: usize) -> DsmResult<()> {
+        self.space.forget_range(addr as usize, len)
+    }
+
+    /// Collectively shuts the DSM down: a final barrier, then the fault
+    /// handler is removed and the DSM's memory unmapped (later accesses
+    /// crash as ordinary segmentation faults).
+    pub fn finalize(mut self) -> DsmResult<()> {
+        self.done = true;
+        let r = self.space.barrier();
+        fault::unregister();
+        // SAFETY: the space was leaked in `with_config`; the hook no longer
+        // reaches it and `self` (the only handle) is consumed.
+        drop(unsafe { Box::from_raw(self.space as *const Space<C, U> as *mut Space<C, U>) });
+        r
+    }
+}
+
+impl<C: Communicator + 'static, U: UltItf> Drop for Dsm<C, U> {
+    fn drop(&mut self) {
+        if !self.done {
+            // Not finalized (an error or a panic unwinds): stop resolving
+            // faults, but keep the memory mapped for whoever still reads it.
+            fault::unregister();
+        }
+    }
+}
+
+impl<C: Communicator + 'static, U: UltItf> core::fmt::Debug for Dsm<C, U> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Dsm")
+            .field("rank", &self.rank())
+            .field("nprocs", &self.nprocs())
+            .field("config", self.config())
+            .finish()
+    }
+}
+
+/// A locked DSM mutex; unlocks when dropped (an error then is recorded and
+/// returned by the DSM's next operation) or with [`DsmMutexGuard::unlock`].
+pub struct DsmMutexGuard<'a, C: Communicator + 'static, U: UltItf> {
+    dsm: &'a Dsm<C, U>,
+    m: DsmMutex,
+    armed: bool,
+}
+
+impl<C: Communicator + 'static, U: UltItf> DsmMutexGuard<'_, C, U> {
+    /// Unlocks, reporting errors.
+    pub fn unlock(mut self) -> DsmResult<()> {
+        self.armed = false;
+        self.dsm.space.mutex_unlock(self.m.0)
+    }
+}
+
+impl<C: Communicator + 'static, U: UltItf> Drop for DsmMutexGuard<'_, C, U> {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.dsm.space.mutex_unlock(self.m.0);
+        }
+    }
+}
+
+/// FNV-1a of a string (configuration agreement check).
+fn fingerprint(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}

@@ -1,0 +1,249 @@
+//! The distributed queue lock with probable owners (Endo 2020 §3.5.4,
+//! Listing 3.3) that serialises the transactions of a block (and carries DSM
+//! mutexes), and the fixed-home spinlock of the comparison policy.
+//!
+//! Every process has one word per lock in a window. From process `q`'s
+//! point of view its word says:
+//!
+//! - `OWNED`: the lock is free and `q` was its last holder; the
+//!   lock-associated data (LAD) is in `q`'s slot;
+//! - `LOCKED`: `q` holds the lock (or is about to) and has no successor;
+//! - `LINK(p)`: if `q` holds the lock, `p` is its successor; otherwise `p` is
+//!   where `q` last sent the lock — a *probable owner*.
+//!
+//! `lock` takes the lock directly if its own word is `OWNED`; otherwise it
+//! marks its word `LOCKED` (it will be the tail) and follows the links with
+//! compare-and-swap: an `OWNED` word becomes `LINK(me)` and the LAD is read
+//! from that process; a `LOCKED` word becomes `LINK(me)` and the LAD arrives
+//! by a point-to-point message when that holder unlocks. `unlock` stores the
+//! LAD in its own slot and turns `LOCKED` into `OWNED`, or sends the LAD to
+//! its successor. The lock thus floats to whoever used it last.
+//!
+//! Words are never initialised: raw 0 means `OWNED` at the lock's initial
+//! owner and `LINK(initial owner)` everywhere else, and the initial owner
+//! writes `OWNED` as 0 while others write it as 1. Every word's `OWNED` has
+//! one raw value, so the chase can use a blind compare-and-swap. All accesses
+//! to the words, the process's own included, are RMA atomics (as MPI
+//! requires for words that remote atomics target).
+
+use crate::com::{Communicator, RemotePtr, Source, Tag, WindowId};
+
+use super::error::{DsmError, DsmResult};
+
+const RAW_LOCKED: u64 = 2;
+const RAW_LINK0: u64 = 3;
+
+/// A word's meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Word {
+    Owned,
+    Locked,
+    Link(usize),
+}
+
+/// Where a lock lives.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LockSite {
+    /// Window holding every process's word.
+    pub win: WindowId,
+    /// Offset of the word in each process's part.
+    pub word_off: u64,
+    /// Process that owns the lock before anyone used it.
+    pub init_owner: usize,
+    /// Tag of hand-off messages.
+    pub tag: Tag,
+}
+
+impl LockSite {
+    fn word(&self, rank: usize) -> RemotePtr {
+        self.win.at(rank, self.word_off)
+    }
+
+    fn owned_raw(&self, rank: usize) -> u64 {
+        if rank == self.init_owner { 0 } else { 1 }
+    }
+
+    fn decode(&self, rank: usize, raw: u64) -> Word {
+        match raw {
+            0 if rank == self.init_owner => Word::Owned,
+            0 => Word::Link(self.init_owner),
+            1 => Word::Owned,
+            RAW_LOCKED => Word::Locked,
+            r => Word::Link((r - RAW_LINK0) as usize),
+        }
+    }
+}
+
+fn link_raw(p: usize) -> u64 {
+    RAW_LINK0 + p as u64
+}
+
+/// How the lock was obtained.
+#[derive(Debug)]
+pub(crate) enum Granted {
+    /// It was free at this process: the LAD is in this process's slot.
+    Local,
+    /// It was free at `owner`: read the LAD from `owner`'s slot.
+    FromOwner(usize),
+    /// `from` handed it over with this LAD.
+    HandOff(usize, Vec<u8>),
+}
+
+/// Takes the lock.
+pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Granted> {
+    let me = com.rank();
+    let mine = site.word(me);
+    let mut raw = com.atomic_load(mine)?;
+    if site.decode(me, raw) == Word::Owned {
+        let old = com.compare_and_swap(mine, raw, RAW_LOCKED)?;
+        if old == raw {
+            return Ok(Granted::Local);
+        }
+        raw = old;
+    }
+    // Become the tail-to-be. Only this process changes its word away from a
+    // link, so the swap cannot race with anyone but a stale chase (which
+    // only touches OWNED and LOCKED words).
+    let mut p = loop {
+        match site.decode(me, raw) {
+            Word::Link(p) => {
+                let old = com.compare_and_swap(mine, raw, RAW_LOCKED)?;
+                if old == raw {
+                    break p;
+                }
+                raw = old;
+            }
+            other => {
+                return Err(DsmError::Misuse(format!(
+                    "queue lock (window {:?}, offset {}) found its own word {other:?} while \
+                     not holding the lock (internal error)",
+                    site.win, site.word_off
+                )));
+            }
+        }
+    };
+    let mut spins = 0u32;
+    loop {
+        if p == me {
+            return Err(DsmError::Misuse(format!(
+                "queue lock (window {:?}, offset {}): the probable-owner chain led back to this \
+                 process (internal error)",
+                site.win, site.word_off
+            )));
+        }
+        let target = site.word(p);
+        let owned = site.owned_raw(p);
+        let old = com.compare_and_swap(target, owned, link_raw(me))?;
+        if old == owned {
+            return Ok(Granted::FromOwner(p));
+        }
+        let old = if old == RAW_LOCKED {
+            let o = com.compare_and_swap(target, RAW_LOCKED, link_raw(me))?;
+            if o == RAW_LOCKED {
+                let (_, lad) = com.recv(Source::Rank(p), site.tag)?;
+                return Ok(Granted::HandOff(p, lad));
+            }
+            o
+        } else {
+            old
+        };
+        match site.decode(p, old) {
+            Word::Link(q) => {
+                p = q;
+                spins = 0;
+            }
+            // The word changed between our two attempts: try the same
+            // process again, backing off if it keeps changing.
+            Word::Owned | Word::Locked => {
+                spins += 1;
+                if spins > 16 {
+                    std::thread::yield_now();
+                } else {
+                    core::hint::spin_loop();
+                }
+            }
+        }
+    }
+}
+
+/// Releases the lock. `store_lad` writes the LAD into this process's slot
+/// (called only if the lock becomes free here); otherwise `lad` goes to the
+/// successor.
+pub(crate) fn unlock<C: Communicator>(
+    com: &C,
+    site: &LockSite,
+    lad: &[u8],
+    store_lad: impl FnOnce() -> DsmResult<()>,
+) -> DsmResult<()> {
+    let me = com.rank();
+    let mine = site.word(me);
+    let mut raw = com.atomic_load(mine)?;
+    if raw == RAW_LOCKED {
+        store_lad()?;
+        com.flush(me)?;
+        let owned = site.owned_raw(me);
+        let old = com.compare_and_swap(mine, RAW_LOCKED, owned)?;
+        if old == RAW_LOCKED {
+            return Ok(());
+        }
+        raw = old;
+    }
+    match site.decode(me, raw) {
+        Word::Link(next) => {
+            com.send(next, site.tag, lad)?;
+            Ok(())
+        }
+        other => Err(DsmError::Misuse(format!(
+            "queue lock (window {:?}, offset {}) unlocked in state {other:?} (not held)",
+            site.win, site.word_off
+        ))),
+    }
+}
+
+/// Whether this process's word says `OWNED` (the lock is free and was last
+/// held here): fast release's test that a block has not migrated.
+pub(crate) fn owned_here<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<bool> {
+    let me = com.rank();
+    let raw = com.atomic_load(site.word(me))?;
+    Ok(site.decode(me, raw) == Word::Owned)
+}
+
+/// The fixed-home lock: a spinlock word at the home (0 free, rank + 1 held)
+/// taken by compare-and-swap with backoff.
+pub(crate) fn spin_lock<C: Communicator>(com: &C, word: RemotePtr) -> DsmResult<()> {
+    let me = com.rank() as u64 + 1;
+    let mut spins = 0u32;
+    loop {
+        let old = com.compare_and_swap(word, 0, me)?;
+        if old == 0 {
+            return Ok(());
+        }
+        if old == me {
+            return Err(DsmError::Misuse(
+                "fixed-home lock taken twice by the same process (internal error)".into(),
+            ));
+        }
+        spins += 1;
+        if spins < 8 {
+            core::hint::spin_loop();
+        } else if spins < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+}
+
+/// Releases a [`spin_lock`].
+pub(crate) fn spin_unlock<C: Communicator>(com: &C, word: RemotePtr) -> DsmResult<()> {
+    let me = com.rank() as u64 + 1;
+    com.flush(word.rank())?;
+    let old = com.compare_and_swap(word, me, 0)?;
+    if old != me {
+        return Err(DsmError::Misuse(format!(
+            "fixed-home lock released by process {} but held by {old} (internal error)",
+            me - 1
+        )));
+    }
+    Ok(())
+}

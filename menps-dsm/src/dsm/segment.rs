@@ -1,0 +1,394 @@
+//! Segments: their views, windows and per-block tables.
+//!
+//! A segment of `size` bytes with blocks of `block_size` bytes has, in every
+//! process:
+//!
+//! - the **system view**: this process's part of the `data` window, always
+//!   read-write for the runtime, read one-sidedly by the others (it is the
+//!   block's home copy when this process is the home);
+//! - the **application view**: the same pages mapped a second time at the
+//!   segment's fixed DSM address, where each block's protection follows its
+//!   state (none / read / read-write);
+//! - the **twin**: this process's part of the `twin` window, the base
+//!   version of the blocks it writes (remote processes write it when they
+//!   copy back a block they migrate away);
+//! - the **meta** window: per block, the queue-lock word and the
+//!   lock-associated data (LAD) slot;
+//! - a local table of block entries (state, timestamps, fast-release
+//!   counters), allocated lazily in chunks, each behind a mutex of the
+//!   threading library (resolution may park the holder).
+
+use core::sync::atomic::{AtomicPtr, Ordering};
+
+use ct_sync::Mutex;
+use ct_worker::UltItf;
+
+use crate::com::{Communicator, WindowId};
+
+use super::error::{DsmError, DsmResult};
+use super::layout::{self, MAX_BLOCKS_PER_SEGMENT, SEG_SLOT};
+
+/// State of a block in one process (Endo 2020 §3.5.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u8)]
+pub enum BlockState {
+    /// No valid copy and no local changes (no access).
+    #[default]
+    InvalidClean,
+    /// No valid copy, local changes pending (no access; merged at the next
+    /// release — "two-way merging").
+    InvalidDirty,
+    /// A valid copy, no local changes (read-only).
+    ReadonlyClean,
+    /// A valid copy with local changes pending against the twin (read-only).
+    ReadonlyDirty,
+    /// Being written (read-write); the twin is the base version.
+    Writable,
+    /// Read-write and never protected (call stacks); invalidation merges in
+    /// place.
+    Pinned,
+}
+
+impl BlockState {
+    /// Whether the application view allows reads.
+    pub fn readable(self) -> bool {
+        !matches!(self, BlockState::InvalidClean | BlockState::InvalidDirty)
+    }
+
+    /// Whether local changes may be pending.
+    pub fn dirty(self) -> bool {
+        matches!(
+            self,
+            BlockState::InvalidDirty
+                | BlockState::ReadonlyDirty
+                | BlockState::Writable
+                | BlockState::Pinned
+        )
+    }
+
+    /// Whether the application view allows writes.
+    pub fn writable(self) -> bool {
+        matches!(self, BlockState::Writable | BlockState::Pinned)
+    }
+
+    /// The protection of the application view.
+    pub fn prot(self) -> libc::c_int {
+        if self.writable() {
+            libc::PROT_READ | libc::PROT_WRITE
+        } else if self.readable() {
+            libc::PROT_READ
+        } else {
+            libc::PROT_NONE
+        }
+    }
+}
+
+/// The local entry of a block (all zeros = initial).
+#[derive(Debug, Default)]
+pub(crate) struct BlockMeta {
+    pub state: BlockState,
+    /// Rank + 1 of the process whose copy is the latest we know of (from a
+    /// write notice or our last transaction); 0 = the initial data, which
+    /// every process has.
+    pub home: u32,
+    /// Write timestamp of our copy's version.
+    pub cur_wr: u64,
+    /// Read timestamp (lease end) of our copy.
+    pub cur_rd: u64,
+    /// Transactions in a row that found no local write.
+    pub wr_count: u32,
+    /// Fast releases since the last transaction.
+    pub fast_rel_count: u32,
+    /// Fast releases allowed before the next transaction (0 = 1).
+    pub fast_rel_threshold: u32,
+    /// We were the last writer at our last transaction and the block was
+    /// not updated remotely: fast release may apply.
+    pub written_last: bool,
+    /// Listed in the write set.
+    pub in_write_set: bool,
+    /// Listed in the read set.
+    pub in_read_set: bool,
+    /// The next miss must take the global lock (the copy was dropped
+    /// because the memory changed hands, e.g. reused by the heap).
+    pub force_tx: bool,
+}
+
+pub(crate) type BlockEntry<U> = Mutex<BlockMeta, U>;
+
+const CHUNK_SHIFT: usize = 10;
+const CHUNK: usize = 1 << CHUNK_SHIFT;
+
+/// Bytes per block in the meta window: the lock word at 0, the LAD at 8.
+pub(crate) const META_BYTES: usize = 64;
+/// Offset of the LAD in a block's meta slot.
+pub(crate) const LAD_OFF: usize = 8;
+
+/// The lock-associated data of a block: who holds the latest version and
+/// its interval (and, for the directory policy, the sharers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Lad {
+    /// Rank + 1 of the last writer (0: nobody wrote yet).
+    pub last_writer: u64,
+    /// Write timestamp of the latest version.
+    pub wr: u64,
+    /// Largest read timestamp handed out for it.
+    pub rd: u64,
+    /// Sharer bit set (directory policy).
+    pub sharers: u64,
+}
+
+impl Lad {
+    pub const BYTES: usize = 32;
+
+    pub fn to_bytes(self) -> [u8; Self::BYTES] {
+        let mut b = [0u8; Self::BYTES];
+        b[0..8].copy_from_slice(&self.last_writer.to_le_bytes());
+        b[8..16].copy_from_slice(&self.wr.to_le_bytes());
+        b[16..24].copy_from_slice(&self.rd.to_le_bytes());
+        b[24..32].copy_from_slice(&self.sharers.to_le_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8]) -> DsmResult<Self> {
+        if b.len() != Self::BYTES {
+            return Err(DsmError::Misuse(format!(
+                "block lock hand-off of {} bytes instead of {} (internal error)",
+                b.len(),
+                Self::BYTES
+            )));
+        }
+        let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        Ok(Lad {
+            last_writer: u(0),
+            wr: u(8),
+            rd: u(16),
+            sharers: u(24),
+        })
+    }
+}
+
+/// A segment as one process sees it.
+pub(crate) struct Segment<U: UltItf> {
+    pub id: usize,
+    /// First address of the application view.
+    pub base: usize,
+    pub size: usize,
+    pub block_size: usize,
+    pub block_shift: u32,
+    pub nblocks: usize,
+    pub data_win: WindowId,
+    pub twin_win: WindowId,
+    pub meta_win: WindowId,
+    /// This process's system view.
+    pub data: *mut u8,
+    /// This process's twins.
+    pub twin: *mut u8,
+    chunks: Box<[AtomicPtr<BlockEntry<U>>]>,
+}
+
+// SAFETY: the raw pointers are addresses of shared mappings that live as long
+// as the segment; every access through them follows the DSM protocol (block
+// entries' mutexes, the global block locks).
+unsafe impl<U: UltItf> Send for Segment<U> {}
+// SAFETY: as above.
+unsafe impl<U: UltItf> Sync for Segment<U> {}
+
+impl<U: UltItf> Segment<U> {
+    /// Creates segment `id` collectively: the three windows, the application
+    /// view (inaccessible: every block starts `InvalidClean`).
+    ///
+    /// If `image` is given, the segment's initial contents are copied from
+    /// it (the same in every process).
+    pub fn create<C: Communicator>(
+        com: &C,
+        id: usize,
+        size: usize,
+        block_size: usize,
+        image: Option<&[u8]>,
+    ) -> DsmResult<Self> {
+        super::config::check_block_size(block_size)?;
+        if size == 0 || !size.is_multiple_of(block_size) {
+            return Err(DsmError::InvalidArgument(format!(
+                "segment size {size} must be a positive multiple of the block size {block_size}"
+            )));
+        }
+        if size > SEG_SLOT {
+            return Err(DsmError::InvalidArgument(format!(
+                "segment size {size} exceeds the limit of {SEG_SLOT} bytes"
+            )));
+        }
+        let nblocks = size / block_size;
+        if nblocks > MAX_BLOCKS_PER_SEGMENT {
+            return Err(DsmError::InvalidArgument(format!(
+                "a segment of {size} bytes has {nblocks} blocks of {block_size} bytes; at most \
+                 {MAX_BLOCKS_PER_SEGMENT} are allowed (use larger blocks)"
+            )));
+        }
+        let data_win = com.create_window(size)?;
+        let twin_win = com.create_window(size)?;
+        let meta_win = com.create_window(nblocks * META_BYTES)?;
+        let data = com.local_window(data_win)?.as_ptr();
+        let twin = com.local_window(twin_win)?.as_ptr();
+        let base = layout::segment_base(id);
+        if let Some(img) = image {
+            if img.len() > size {
+                return Err(DsmError::InvalidArgument(format!(
+                    "initial image of {} bytes is larger than the segment ({size})",
+                    img.len()
+                )));
+            }
+            // SAFETY: the system view and twin are this process's fresh
+            // window parts of `size` bytes; nobody accesses them yet (the
+            // segment is not published, and remote processes only access
+            // blocks after a lock hand-off, which follows creation).
+            unsafe {
+                core::ptr::copy_nonoverlapping(img.as_ptr(), data, img.len());
+                core::ptr::copy_nonoverlapping(img.as_ptr(), twin, img.len());
+            }
+        }
+        // The application view: the system view's pages again, at `base`.
+        // SAFETY: mremap with old_size 0 duplicates a shared mapping (the
+        // window part is MAP_SHARED); MREMAP_FIXED places it over our own
+        // reservation at `base`, which no Rust object occupies.
+        let p = unsafe {
+            libc::mremap(
+                data.cast(),
+                0,
+                size,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                base as *mut libc::c_void,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(DsmError::AddressSpace(format!(
+                "cannot map the application view of segment {id} at {base:#x}: {} (the \
+                 communication backend's windows must be shared mappings)",
+                std::io::Error::last_os_error()
+            )));
+        }
+        layout::protect(base, size, libc::PROT_NONE)?;
+        let nchunks = nblocks.div_ceil(CHUNK);
+        let chunks = (0..nchunks)
+            .map(|_| AtomicPtr::new(core::ptr::null_mut()))
+            .collect();
+        Ok(Segment {
+            id,
+            base,
+            size,
+            block_size,
+            block_shift: block_size.trailing_zeros(),
+            nblocks,
+            data_win,
+            twin_win,
+            meta_win,
+            data,
+            twin,
+            chunks,
+        })
+    }
+
+    /// Whether `addr` is inside the segment.
+    #[inline]
+    pub fn contains(&self, addr: usize) -> bool {
+        addr.wrapping_sub(self.base) < self.size
+    }
+
+    /// Block index of `addr` (inside the segment).
+    #[inline]
+    pub fn index_of(&self, addr: usize) -> usize {
+        (addr - self.base) >> self.block_shift
+    }
+
+    /// Application address of block `idx`.
+    #[inline]
+    pub fn app(&self, idx: usize) -> usize {
+        self.base + (idx << self.block_shift)
+    }
+
+    /// Byte offset of block `idx` in the data and twin windows.
+    #[inline]
+    pub fn offset(&self, idx: usize) -> u64 {
+        (idx << self.block_shift) as u64
+    }
+
+    /// This process's system-view copy of block `idx`.
+    #[inline]
+    pub fn sys(&self, idx: usize) -> *mut u8 {
+        // SAFETY: idx < nblocks, so the offset is inside the window part.
+        unsafe { self.data.add(idx << self.block_shift) }
+    }
+
+    /// This process's twin of block `idx`.
+    #[inline]
+    pub fn twin_of(&self, idx: usize) -> *mut u8 {
+        // SAFETY: as for `sys`.
+        unsafe { self.twin.add(idx << self.block_shift) }
+    }
+
+    /// Offset of block `idx`'s lock word in the meta window.
+    #[inline]
+    pub fn meta_off(&self, idx: usize) -> u64 {
+        (idx * META_BYTES) as u64
+    }
+
+    /// The local entry of block `idx` (allocated on first use).
+    pub fn entry(&self, idx: usize) -> &BlockEntry<U> {
+        debug_assert!(idx < self.nblocks);
+        let slot = &self.chunks[idx >> CHUNK_SHIFT];
+        let mut p = slot.load(Ordering::Acquire);
+        if p.is_null() {
+            let fresh: Box<[BlockEntry<U>]> = (0..CHUNK)
+                .map(|_| Mutex::new_in(BlockMeta::default()))
+                .collect();
+            let fresh = Box::into_raw(fresh) as *mut BlockEntry<U>;
+            match slot.compare_exchange(
+                core::ptr::null_mut(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => p = fresh,
+                Err(winner) => {
+                    // SAFETY: `fresh` was never published; rebuild the boxed
+                    // slice it came from to free it.
+                    drop(unsafe {
+                        Box::from_raw(core::ptr::slice_from_raw_parts_mut(fresh, CHUNK))
+                    });
+                    p = winner;
+                }
+            }
+        }
+        // SAFETY: a published chunk holds CHUNK entries and lives until the
+        // segment is dropped; `&self` borrows the segment.
+        unsafe { &*p.add(idx & (CHUNK - 1)) }
+    }
+
+    /// Makes the application view inaccessible for good (at shutdown).
+    pub fn retire(&self) {
+        // SAFETY: replaces our own application view with an inaccessible
+        // reservation, as `layout::reserve` made it.
+        unsafe {
+            libc::mmap(
+                self.base as *mut libc::c_void,
+                self.size,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+        }
+    }
+}
+
+impl<U: UltItf> Drop for Segment<U> {
+    fn drop(&mut self) {
+        for c in self.chunks.iter() {
+            let p = c.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: every published chunk came from a boxed slice of
+                // CHUNK entries; we own the segment exclusively here.
+                drop(unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(p, CHUNK)) });
+            }
+        }
+    }
+}

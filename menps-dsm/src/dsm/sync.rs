@@ -1,0 +1,317 @@
+//! Synchronisation on the DSM: barriers, mutexes whose hand-off carries the
+//! releaser's signature, and atomics on DSM words (Endo 2020 §3.5.3;
+//! `original-menps-design.md` §3.11).
+//!
+//! - **Barrier** = release fence, then every process writes its release
+//!   signature into its own slot of a window (double-buffered by barrier
+//!   parity), a plain barrier of the communication layer, and every process
+//!   reads the others' signatures one-sidedly and acquires them. Its cost
+//!   does not depend on how much DSM memory exists: only blocks in the write
+//!   set are released, only listed blocks are invalidated.
+//! - **Mutexes** are distributed queue locks ([`super::qlock`]) whose
+//!   lock-associated data is the releaser's signature; a local mutex of the
+//!   threading library serialises the threads of one process first. Ids
+//!   come from a bitmap at rank 0 and are reused after `free`.
+//! - **Atomics** run as a transaction on the word's block (which serialises
+//!   them with every merge of that block) inside a *sync slot*: one of 64
+//!   extra mutexes chosen by the block, whose signature gives them release
+//!   and acquire semantics.
+
+use ct_sync::{Mutex, RawMutex};
+use ct_worker::UltItf;
+
+use crate::com::{Communicator, Tag, WindowId};
+
+use super::error::{DsmError, DsmResult};
+use super::layout::MAX_SEGMENTS;
+use super::qlock::{self, Granted, LockSite};
+use super::signature::{HEADER_BYTES, Signature, WriteNotice};
+use super::space::{AtomicOp, DSM_TAG_BIT, Space};
+
+/// Sync slots for atomics.
+pub(crate) const ATOMIC_SLOTS: usize = 64;
+
+/// Windows and local state of the synchronisation objects.
+pub(crate) struct SyncState<U: UltItf> {
+    /// Barrier signature slots: two per process.
+    sig_win: WindowId,
+    /// Mutex words and LAD slots.
+    mutex_win: WindowId,
+    /// The mutex id bitmap (at rank 0).
+    alloc_win: WindowId,
+    /// Bytes of one serialized signature at most.
+    sig_bytes: usize,
+    /// Bytes of a mutex slot (word + signature).
+    mutex_slot: usize,
+    max_mutexes: usize,
+    /// Serialises the threads of this process per mutex / sync slot.
+    local: Box<[RawMutex<U>]>,
+    /// Barrier epoch (and serialisation of barriers in this process).
+    epoch: Mutex<u64, U>,
+}
+
+impl<U: UltItf> SyncState<U> {
+    /// Creates the windows (collective).
+    pub fn new<C: Communicator>(com: &C, wn_cap: usize, max_mutexes: usize) -> DsmResult<Self> {
+        let sig_bytes = Signature::max_bytes(wn_cap).next_multiple_of(8);
+        let mutex_slot = 8 + sig_bytes;
+        let total = max_mutexes + ATOMIC_SLOTS;
+        let sig_win = com.create_window(2 * sig_bytes)?;
+        let mutex_win = com.create_window(total * mutex_slot)?;
+        let alloc_win = com.create_window(max_mutexes.div_ceil(64) * 8)?;
+        Ok(SyncState {
+            sig_win,
+            mutex_win,
+            alloc_win,
+            sig_bytes,
+            mutex_slot,
+            max_mutexes,
+            local: (0..total).map(|_| RawMutex::new()).collect(),
+            epoch: Mutex::new_in(0),
+        })
+    }
+}
+
+/// Tag of hand-offs of mutex / sync slot `id` (the segment field holds the
+/// reserved last slot number, so they never collide with block tags).
+fn mutex_tag(id: usize) -> Tag {
+    DSM_TAG_BIT | ((MAX_SEGMENTS as Tag) << 24) | id as Tag
+}
+
+impl<C: Communicator, U: UltItf> Space<C, U> {
+    fn sync(&self) -> &SyncState<U> {
+        self.sync_state()
+    }
+
+    fn mutex_site(&self, id: usize) -> LockSite {
+        let s = self.sync();
+        LockSite {
+            win: s.mutex_win,
+            word_off: (id * s.mutex_slot) as u64,
+            init_owner: id % self.nprocs,
+            tag: mutex_tag(id),
+        }
+    }
+
+    /// Reads a signature from `rank`'s part of `win` at `off`.
+    fn read_signature(&self, win: WindowId, rank: usize, off: u64) -> DsmResult<Signature> {
+        let cap = self.cfg.effective_wn_list_len();
+        let mut head = [0u8; HEADER_BYTES];
+        self.com.read(win.at(rank, off), &mut head)?;
+        let (_, n) = Signature::parse_header(&head);
+        let max = Signature::max_bytes(cap);
+        let len = HEADER_BYTES + n.saturating_mul(WriteNotice::BYTES);
+        if len > max {
+            return Err(DsmError::Misuse(format!(
+                "corrupt signature from process {rank}: {n} write notices, at most {cap} fit"
+            )));
+        }
+        let mut buf = vec![0u8; len];
+        buf[..HEADER_BYTES].copy_from_slice(&head);
+        if len > HEADER_BYTES {
+            self.com.read(
+                win.at(rank, off + HEADER_BYTES as u64),
+                &mut buf[HEADER_BYTES..],
+            )?;
+        }
+        Signature::from_bytes(&buf, cap)
+            .ok_or_else(|| DsmError::Misuse(format!("corrupt signature from process {rank}")))
+    }
+
+    /// DSM barrier: release fence, exchange of signatures, acquire.
+    pub fn barrier(&self) -> DsmResult<()> {
+        self.check()?;
+        let r = self.barrier_inner();
+        r.map_err(|e| self.fail(e))
+    }
+
+    fn barrier_inner(&self) -> DsmResult<()> {
+        let s = self.sync();
+        let mut epoch = s.epoch.lock();
+        self.release_fence()?;
+        let cap = self.cfg.effective_wn_list_len();
+        let mut mine = core::mem::replace(&mut *self.rel_sig.lock(), Signature::new(cap));
+        let bytes = mine.to_bytes();
+        let off = ((*epoch % 2) as usize * s.sig_bytes) as u64;
+        self.com.write(s.sig_win.at(self.rank, off), &bytes)?;
+        self.com.flush(self.rank)?;
+        self.com.barrier()?;
+        let mut min = 0;
+        for q in 0..self.nprocs {
+            if q == self.rank {
+                continue;
+            }
+            let mut sig = self.read_signature(s.sig_win, q, off)?;
+            min = min.max(sig.min_wr_ts());
+            self.acquire(&mut sig)?;
+        }
+        let mut ts = Signature::new(0);
+        ts.raise_min_wr_ts(min);
+        self.acquire(&mut ts)?;
+        *epoch += 1;
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------
+    // Mutexes
+
+    /// Allocates a mutex id (not collective).
+    pub fn mutex_alloc(&self) -> DsmResult<u32> {
+        self.check()?;
+        let s = self.sync();
+        for w in 0..s.max_mutexes.div_ceil(64) {
+            let word = s.alloc_win.at(0, (w * 8) as u64);
+            let mut v = self.com.atomic_load(word)?;
+            loop {
+                let bits = (s.max_mutexes - w * 64).min(64);
+                let free = (!v).trailing_zeros() as usize;
+                if free >= bits {
+                    break;
+                }
+                let old = self.com.compare_and_swap(word, v, v | (1 << free))?;
+                if old == v {
+                    return Ok((w * 64 + free) as u32);
+                }
+                v = old;
+            }
+        }
+        Err(DsmError::OutOfMemory(format!(
+            "all {} DSM mutexes are in use (raise MENPS_DSM_MUTEXES)",
+            s.max_mutexes
+        )))
+    }
+
+    /// Frees a mutex id; it must not be locked.
+    pub fn mutex_free(&self, id: u32) -> DsmResult<()> {
+        self.check()?;
+        let s = self.sync();
+        let id = self.check_mutex(id)?;
+        if s.local[id].is_locked() {
+            return Err(DsmError::Misuse(format!(
+                "DSM mutex {id} freed while locked"
+            )));
+        }
+        let word = s.alloc_win.at(0, ((id / 64) * 8) as u64);
+        let bit = 1u64 << (id % 64);
+        let mut v = self.com.atomic_load(word)?;
+        loop {
+            if v & bit == 0 {
+                return Err(DsmError::Misuse(format!("DSM mutex {id} freed twice")));
+            }
+            let old = self.com.compare_and_swap(word, v, v & !bit)?;
+            if old == v {
+                return Ok(());
+            }
+            v = old;
+        }
+    }
+
+    fn check_mutex(&self, id: u32) -> DsmResult<usize> {
+        let id = id as usize;
+        if id >= self.sync().max_mutexes {
+            return Err(DsmError::InvalidArgument(format!(
+                "DSM mutex id {id} is out of range (0..{})",
+                self.sync().max_mutexes
+            )));
+        }
+        Ok(id)
+    }
+
+    /// Locks mutex `id`: acquires the signature of its last holder.
+    pub fn mutex_lock(&self, id: u32) -> DsmResult<()> {
+        self.check()?;
+        let id = self.check_mutex(id)?;
+        self.lock_slot(id)
+    }
+
+    /// Unlocks mutex `id`: release fence, then the signature goes with the
+    /// lock.
+    pub fn mutex_unlock(&self, id: u32) -> DsmResult<()> {
+        self.check()?;
+        let id = self.check_mutex(id)?;
+        if !self.sync().local[id].is_locked() {
+            return Err(DsmError::Misuse(format!(
+                "DSM mutex {id} unlocked but not locked"
+            )));
+        }
+        if let Err(e) = self.release_fence() {
+            // SAFETY: the local lock was taken by this process's lock call
+            // (the caller's contract), and we give up the mutex on failure.
+            unsafe { self.sync().local[id].unlock() };
+            return Err(e);
+        }
+        self.unlock_slot(id)
+    }
+
+    fn lock_slot(&self, id: usize) -> DsmResult<()> {
+        let s = self.sync();
+        s.local[id].lock();
+        let r = self.lock_slot_global(id);
+        if r.is_err() {
+            // SAFETY: taken just above by this thread.
+            unsafe { s.local[id].unlock() };
+        }
+        r.map_err(|e| self.fail(e))
+    }
+
+    fn lock_slot_global(&self, id: usize) -> DsmResult<()> {
+        let s = self.sync();
+        let site = self.mutex_site(id);
+        let cap = self.cfg.effective_wn_list_len();
+        let sig = match qlock::lock(&self.com, &site)? {
+            Granted::Local => None,
+            Granted::FromOwner(p) => {
+                Some(self.read_signature(s.mutex_win, p, site.word_off + 8)?)
+            }
+            Granted::HandOff(p, bytes) => {
+                Some(Signature::from_bytes(&bytes, cap).ok_or_else(|| {
+                    DsmError::Misuse(format!("corrupt mutex hand-off from process {p}"))
+                })?)
+            }
+        };
+        if let Some(mut sig) = sig {
+            self.acquire(&mut sig)?;
+            self.rel_sig.lock().merge(&sig);
+        }
+        Ok(())
+    }
+
+    fn unlock_slot(&self, id: usize) -> DsmResult<()> {
+        let s = self.sync();
+        let site = self.mutex_site(id);
+        let bytes = self.rel_sig.lock().to_bytes();
+        let slot = s.mutex_win.at(self.rank, site.word_off + 8);
+        let r = qlock::unlock(&self.com, &site, &bytes, || {
+            self.com.write(slot, &bytes).map_err(Into::into)
+        });
+        // SAFETY: the local lock was taken by `lock_slot` in this process.
+        unsafe { s.local[id].unlock() };
+        r.map_err(|e| self.fail(e))
+    }
+
+    // -----------------------------------------------------------------
+    // Atomics
+
+    /// Applies `op` to the DSM word at `addr` with the given semantics.
+    pub fn atomic(&self, addr: usize, op: AtomicOp, release: bool) -> DsmResult<u64> {
+        self.check()?;
+        if !addr.is_multiple_of(8) {
+            return Err(DsmError::InvalidArgument(format!(
+                "DSM atomic at {addr:#x} is not 8-byte aligned"
+            )));
+        }
+        let bs = self.block_size_at(addr).ok_or_else(|| {
+            DsmError::InvalidArgument(format!("{addr:#x} is not in a DSM segment"))
+        })?;
+        if release {
+            self.release_fence()?;
+        }
+        let slot = self.sync().max_mutexes + (addr / bs) % ATOMIC_SLOTS;
+        self.lock_slot(slot)?;
+        let r = self.atomic_in_block(addr, op);
+        let u = self.unlock_slot(slot);
+        let v = r?;
+        u?;
+        Ok(v)
+    }
+}

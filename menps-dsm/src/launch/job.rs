@@ -1,0 +1,364 @@
+//! The launcher: creates a job's control memory and sockets, starts the
+//! processes, watches them, reports the first failure, stops the job.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{Backend, JobConfig, Program, env, output};
+use crate::com::shm::control::Control;
+use crate::com::{Error, Result};
+use crate::sys;
+
+/// One started process.
+struct Proc {
+    rank: usize,
+    child: Child,
+    pidfd: Option<OwnedFd>,
+}
+
+/// Exit code of the launcher for a process's status.
+fn exit_code(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(s)) => 128 + s,
+        _ => 1,
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(c), _) => format!("exited with status {c}"),
+        (None, Some(s)) => format!(
+            "was killed by signal {s} ({}){}",
+            sys::signal_name(s),
+            if status.core_dumped() {
+                ", core dumped"
+            } else {
+                ""
+            }
+        ),
+        _ => format!("ended ({status})"),
+    }
+}
+
+/// Runs `program` as a job of `config.nprocs` processes and waits for it.
+/// Returns the exit code the launcher should exit with: 0 if every process
+/// exited with 0; otherwise the first failed process's status (`128 +
+/// signal` for a signal), or 124 if the job timed out.
+///
+/// Every process is started with `MENPS_*` variables that let
+/// [`init`](super::init) join the job, `personality(ADDR_NO_RANDOMIZE)` and
+/// `PR_SET_PDEATHSIG(SIGKILL)`. Messages about failures go to stderr,
+/// prefixed `menps:`.
+///
+/// With [`Backend::Mpi`] the job is started by `mpirun` instead (see
+/// [`run_mpi_job`]).
+pub fn run_job(config: &JobConfig, program: &Program) -> Result<i32> {
+    config.validate()?;
+    if config.backend == Backend::Mpi {
+        return run_mpi_job(config, program);
+    }
+    let n = config.nprocs;
+    let (control, control_fd) = Control::create(n, config.ring_bytes, config.coll_chunk_bytes)?;
+
+    // Descriptor-passing sockets: rank 0 <-> rank k.
+    let mut sockets: Vec<(OwnedFd, OwnedFd)> = Vec::with_capacity(n.saturating_sub(1));
+    for _ in 1..n {
+        sockets.push(sys::seqpacket_pair()?);
+    }
+
+    // Orphaned descendants of the processes (a shell's children, say) are
+    // re-parented to us instead of init, so that we can stop them at the end.
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) only sets a process attribute.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong) };
+    let launcher_pid = std::process::id();
+    let mut procs: Vec<Proc> = Vec::with_capacity(n);
+    let mut printers = Vec::new();
+    for rank in 0..n {
+        let mut keep: Vec<RawFd> = vec![control_fd.as_raw_fd()];
+        let peer_fds = if rank == 0 {
+            sockets
+                .iter()
+                .enumerate()
+                .map(|(i, (a, _))| {
+                    keep.push(a.as_raw_fd());
+                    format!("{}:{}", i + 1, a.as_raw_fd())
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        } else {
+            let b = &sockets[rank - 1].1;
+            keep.push(b.as_raw_fd());
+            format!("0:{}", b.as_raw_fd())
+        };
+        let mut cmd = Command::new(&program.path);
+        if let Some(a0) = &program.arg0 {
+            cmd.arg0(a0);
+        }
+        cmd.args(&program.args)
+            .env(env::RANK, rank.to_string())
+            .env(env::SIZE, n.to_string())
+            .env(env::BACKEND, "shm")
+            .env(env::CONTROL_FD, control_fd.as_raw_fd().to_string())
+            .env(env::PEER_FDS, peer_fds)
+            .env(env::LAUNCHER_PID, launcher_pid.to_string());
+        if rank != 0 {
+            cmd.stdin(Stdio::null());
+        }
+        if config.prefix_output {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        // SAFETY: the closure runs in the child between fork and exec and only
+        // makes async-signal-safe system calls (prctl, getppid, personality,
+        // fcntl) on values prepared before the fork; it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The launcher may have died before the prctl took effect.
+                if libc::getppid() as u32 != launcher_pid {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                let persona = libc::personality(0xffff_ffff);
+                if persona != -1 {
+                    libc::personality((persona | libc::ADDR_NO_RANDOMIZE) as libc::c_ulong);
+                }
+                for &fd in &keep {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                for p in &mut procs {
+                    let _ = p.child.kill();
+                    let _ = p.child.wait();
+                }
+                return Err(Error::BadConfig(format!(
+                    "cannot start {:?} for rank {rank}: {e}",
+                    program.path
+                )));
+            }
+        };
+        control
+            .slot(rank)
+            .pid
+            .store(child.id(), std::sync::atomic::Ordering::Relaxed);
+        if config.prefix_output {
+            if let Some(out) = child.stdout.take() {
+                printers.push(output::prefix_lines(rank, out, false));
+            }
+            if let Some(err) = child.stderr.take() {
+                printers.push(output::prefix_lines(rank, err, true));
+            }
+        }
+        let pidfd = sys::pidfd_open(child.id());
+        procs.push(Proc { rank, child, pidfd });
+    }
+    // The processes hold their own copies now.
+    drop(sockets);
+    drop(control_fd);
+
+    let code = supervise(config, &control, procs);
+    reap_orphans();
+    output::finish(printers, Duration::from_secs(2));
+    Ok(code)
+}
+
+/// Runs `program` with `mpirun -n N` (`MENPS_MPIRUN`, default `mpirun`),
+/// adding `--oversubscribe`, `--allow-run-as-root` when running as root, and
+/// `--tag-output` for [`JobConfig::prefix_output`]; waits for it, killing it
+/// after [`JobConfig::timeout`] (status 124). Returns `mpirun`'s exit code.
+/// `mpirun` itself stops the job when a process fails. The program must be
+/// built with the `mpi` feature and join as `AnyCom` or `MpiCom`.
+pub fn run_mpi_job(config: &JobConfig, program: &Program) -> Result<i32> {
+    let mpirun = std::env::var(env::MPIRUN)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| "mpirun".into());
+    let mut cmd = Command::new(&mpirun);
+    cmd.args(["-n", &config.nprocs.to_string(), "--oversubscribe"]);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        cmd.arg("--allow-run-as-root");
+    }
+    if config.prefix_output {
+        cmd.arg("--tag-output");
+    }
+    cmd.arg(&program.path).args(&program.args);
+    let mut child = cmd.spawn().map_err(|e| {
+        Error::BadConfig(format!(
+            "cannot start {mpirun:?} for the mpi backend: {e} (install OpenMPI, e.g. \
+             `apt-get install openmpi-bin libopenmpi-dev`, or set {})",
+            env::MPIRUN
+        ))
+    })?;
+    let deadline = config.timeout.map(|t| Instant::now() + t);
+    loop {
+        if let Some(status) = child.try_wait().map_err(|e| sys::io_error("waitpid", &e))? {
+            return Ok(exit_code(status));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            eprintln!(
+                "menps: the job exceeded its time limit of {:.1} s ({}); killing mpirun",
+                config.timeout.unwrap_or_default().as_secs_f64(),
+                env::TIMEOUT_SECS
+            );
+            // SIGTERM lets mpirun stop its processes (SIGKILL would orphan
+            // them); SIGKILL only if it does not exit within 5 s.
+            // SAFETY: signalling our own child, which has not been reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let until = Instant::now() + Duration::from_secs(5);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() >= until {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            return Ok(124);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Watches the processes until all have ended; returns the exit code.
+fn supervise(config: &JobConfig, control: &Control, mut procs: Vec<Proc>) -> i32 {
+    let start = Instant::now();
+    let deadline = config.timeout.map(|t| start + t);
+    let mut first_failure: Option<i32> = None;
+    let mut failed_at: Option<Instant> = None;
+    let mut killed = false;
+    let mut timed_out = false;
+    let n = procs.len();
+
+    while !procs.is_empty() {
+        // Reap whatever ended.
+        let mut i = 0;
+        while i < procs.len() {
+            let status = procs[i].child.try_wait().unwrap_or_default();
+            let Some(status) = status else {
+                i += 1;
+                continue;
+            };
+            let p = procs.swap_remove(i);
+            let ok = status.success();
+            control.mark_ended(p.rank, ok);
+            if !ok && first_failure.is_none() && !killed {
+                first_failure = Some(exit_code(status));
+                failed_at = Some(Instant::now());
+                eprintln!(
+                    "menps: rank {} (pid {}) {}; stopping the job (the other processes get \
+                     Error::PeerDied)",
+                    p.rank,
+                    p.child.id(),
+                    describe(status)
+                );
+            }
+        }
+        if procs.is_empty() {
+            break;
+        }
+        let now = Instant::now();
+        if !killed {
+            if let Some(t) = failed_at
+                && now >= t + config.grace
+            {
+                eprintln!(
+                    "menps: killing the {} remaining process(es) after a grace period of {} ms",
+                    procs.len(),
+                    config.grace.as_millis()
+                );
+                kill_all(&mut procs);
+                killed = true;
+            } else if let Some(d) = deadline
+                && now >= d
+            {
+                eprintln!(
+                    "menps: the job exceeded its time limit of {:.1} s ({}); killing its {} \
+                     remaining process(es) of {n}",
+                    config.timeout.unwrap_or_default().as_secs_f64(),
+                    env::TIMEOUT_SECS,
+                    procs.len()
+                );
+                timed_out = true;
+                kill_all(&mut procs);
+                killed = true;
+            }
+        }
+        // Sleep until a process ends or the next deadline.
+        let mut wake: Option<Instant> = None;
+        if !killed {
+            if let Some(t) = failed_at {
+                wake = Some(t + config.grace);
+            } else if let Some(d) = deadline {
+                wake = Some(d);
+            }
+        }
+        let timeout = wake.map(|w| w.saturating_duration_since(Instant::now()));
+        let fds: Option<Vec<BorrowedFd<'_>>> = procs
+            .iter()
+            .map(|p| p.pidfd.as_ref().map(|f| f.as_fd()))
+            .collect();
+        match fds {
+            Some(fds) => {
+                sys::poll_readable(&fds, timeout);
+            }
+            // No pidfds (old kernel): poll the children.
+            None => std::thread::sleep(
+                timeout
+                    .unwrap_or(Duration::MAX)
+                    .min(Duration::from_millis(10)),
+            ),
+        }
+    }
+    if timed_out {
+        124
+    } else {
+        first_failure.unwrap_or(0)
+    }
+}
+
+/// Kills and reaps the descendants of the job's processes that were
+/// re-parented to us (we are a child subreaper), so that nothing of the job
+/// outlives it. The launcher has no other children at this point.
+fn reap_orphans() {
+    for _ in 0..100 {
+        let mut pids = Vec::new();
+        if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+            for t in tasks.flatten() {
+                if let Ok(list) = std::fs::read_to_string(t.path().join("children")) {
+                    pids.extend(
+                        list.split_whitespace()
+                            .filter_map(|p| p.parse::<i32>().ok()),
+                    );
+                }
+            }
+        }
+        if pids.is_empty() {
+            return;
+        }
+        for &pid in &pids {
+            // SAFETY: `pid` is our own child (listed under /proc/self), so it
+            // cannot have been reaped and reused before we wait for it below.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+fn kill_all(procs: &mut [Proc]) {
+    for p in procs {
+        let _ = p.child.kill();
+    }
+}

@@ -1,0 +1,576 @@
+//! Starting and joining jobs.
+//!
+//! A *job* is N processes of one program that share a control memory (see
+//! [`crate::com::shm::control`]). A *launcher* creates it, starts the
+//! processes, watches them and exits with their combined status:
+//!
+//! - **In the program itself**: [`init_or_relaunch`] (or [`Builder`]). Run
+//!   normally, the program becomes the launcher: it re-executes
+//!   `/proc/self/exe` N times with the same arguments, waits for them and
+//!   exits with their status — so `cargo run --example hello_shm` starts a
+//!   multi-process job by itself. In each started process the same call
+//!   returns the communicator.
+//! - **The `menps` binary**: `menps run -n 4 [--prefix-output] -- ./prog args`;
+//!   the program calls [`init`] (or [`init_or_relaunch`], which then joins).
+//!   `menps run --backend mpi` starts the job with `mpirun` instead.
+//! - **Under `mpirun`** (detected by [`under_mpirun`]) the same calls join
+//!   the MPI job instead of relaunching, when the program asks for a
+//!   communicator that can be MPI ([`AnyCom`](crate::com::AnyCom) or
+//!   `MpiCom`, cargo feature `mpi`).
+//!
+//! What the calls return is chosen by the caller's type ([`JoinJob`]):
+//!
+//! ```no_run
+//! use menps_dsm::com::{AnyCom, ShmCom};
+//! use ct_worker::OsThreads;
+//! // Runs on shm from `cargo run`, on MPI under `mpirun` (feature `mpi`):
+//! let com: AnyCom<OsThreads> = menps_dsm::launch::init_or_relaunch(4)?;
+//! # Ok::<(), menps_dsm::Error>(())
+//! ```
+//!
+//! or `let com: ShmCom<OsThreads> = …` for the shm backend only (which is an
+//! error under `mpirun`).
+//!
+//! Every started process gets `personality(ADDR_NO_RANDOMIZE)` before it
+//! executes, so all ranks have identical address-space layouts (code,
+//! globals, main stack) — the DSM needs identical virtual addresses. Each
+//! also gets `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the launcher.
+//!
+//! # Failures
+//!
+//! When a process ends with a non-zero status or a signal, the launcher
+//! records it in the control memory and wakes every waiting process: their
+//! blocking calls return [`Error::PeerDied`] naming it, within milliseconds.
+//! After a grace period (`MENPS_GRACE_MS`, default 2 s) the launcher kills the
+//! processes that are still running, and exits with the failed process's
+//! status (`128 + signal` for a signal). A process that exits with status 0
+//! while others still wait for it makes their calls return
+//! [`Error::PeerExited`]. Windows and the control memory are `memfd`s without
+//! names, so nothing is left behind however the job ends.
+//!
+//! # Environment variables
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `MENPS_NPROCS` | number of processes [`init_or_relaunch`] starts (overrides the program's default) | the program's choice |
+//! | `MENPS_BACKEND` | communication backend of a job the launcher starts: `shm`, or `mpi` (the launcher runs `mpirun`) | `shm` |
+//! | `MENPS_PREFIX_OUTPUT` | `1`: prefix every output line with `[rank N] ` | `0` |
+//! | `MENPS_GRACE_MS` | time the other processes get to exit after one failed, before they are killed | `2000` |
+//! | `MENPS_TIMEOUT_SECS` | kill the whole job after this many seconds (exit status 124) | none |
+//! | `MENPS_RING_BYTES` | p2p ring per ordered pair of processes (power of two ≥ 128 KiB) | `131072` |
+//! | `MENPS_COLL_CHUNK_BYTES` | collective scratch per process and step | `65536` |
+//! | `MENPS_MPIRUN` | `mpirun` command of `--backend mpi` | `mpirun` |
+//! | `OMPI_MCA_osc` | (mpi) OpenMPI's one-sided component; values selecting `rdma` or `pt2pt` are refused | set to `sm,ucx` when unset |
+//! | `MENPS_MPI_OFFLOAD` | (mpi) `1`: RMA through `ct-delegate`'s offloading; `0`: direct MPI calls | `1` on user-level threads, `0` on OS threads |
+//! | `MENPS_MPI_PROGRESS_US` | (mpi) interval of the progress thread in µs, `0`: none | `1000` |
+//! | `MENPS_MPI_OSC_CHECK` | (mpi) `0`: accept any `OMPI_MCA_osc` | `1` |
+//! | `MENPS_MPI_REEXEC` | (mpi) `0`: never re-execute before `MPI_Init` (then `OMPI_MCA_osc` must be set) | `1` |
+//!
+//! Read under `mpirun` to detect it: `OMPI_COMM_WORLD_SIZE` (OpenMPI),
+//! `PMI_SIZE` (MPICH), `PMIX_RANK` (PMIx).
+//!
+//! Set by the launcher in each process (read by [`init`]):
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `MENPS_RANK` | rank of the process |
+//! | `MENPS_SIZE` | number of processes |
+//! | `MENPS_BACKEND` | `shm` |
+//! | `MENPS_CONTROL_FD` | inherited descriptor of the control memory |
+//! | `MENPS_PEER_FDS` | inherited socket descriptors for passing window descriptors (`rank:fd` list) |
+//! | `MENPS_LAUNCHER_PID` | pid of the launcher |
+//!
+//! Builder values are defaults; the `MENPS_*` variables override them, so a
+//! user can change any program's job from the shell.
+
+mod job;
+mod output;
+
+use std::ffi::OsString;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ct_worker::UltItf;
+
+use crate::com::shm::control::{self, Control, MAX_PROCS};
+use crate::com::{Error, Result, ShmCom};
+use crate::sys;
+
+pub use job::run_job;
+
+/// Names of the environment variables (see the [module docs](self)).
+pub mod env {
+    /// Number of processes to start.
+    pub const NPROCS: &str = "MENPS_NPROCS";
+    /// Backend name.
+    pub const BACKEND: &str = "MENPS_BACKEND";
+    /// Prefix output lines with the rank.
+    pub const PREFIX_OUTPUT: &str = "MENPS_PREFIX_OUTPUT";
+    /// Grace period in milliseconds before surviving processes are killed.
+    pub const GRACE_MS: &str = "MENPS_GRACE_MS";
+    /// Wall-clock limit of the job in seconds.
+    pub const TIMEOUT_SECS: &str = "MENPS_TIMEOUT_SECS";
+    /// P2p ring size per ordered pair.
+    pub const RING_BYTES: &str = "MENPS_RING_BYTES";
+    /// Collective chunk size.
+    pub const COLL_CHUNK_BYTES: &str = "MENPS_COLL_CHUNK_BYTES";
+    /// Rank (set by the launcher).
+    pub const RANK: &str = "MENPS_RANK";
+    /// Process count (set by the launcher).
+    pub const SIZE: &str = "MENPS_SIZE";
+    /// Control memory descriptor (set by the launcher).
+    pub const CONTROL_FD: &str = "MENPS_CONTROL_FD";
+    /// Socket descriptors (set by the launcher).
+    pub const PEER_FDS: &str = "MENPS_PEER_FDS";
+    /// Launcher pid (set by the launcher).
+    pub const LAUNCHER_PID: &str = "MENPS_LAUNCHER_PID";
+    /// The `mpirun` command of `--backend mpi`.
+    pub const MPIRUN: &str = "MENPS_MPIRUN";
+    /// Variables whose presence means "started by an MPI launcher".
+    pub const MPIRUN_MARKERS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"];
+}
+
+/// Communication backend of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Processes on one machine, shared memory ([`ShmCom`]).
+    #[default]
+    Shm,
+    /// MPI: the launcher starts the job with `mpirun` (`MENPS_MPIRUN`); the
+    /// program must be built with the `mpi` feature and join as `AnyCom` or
+    /// `MpiCom`.
+    Mpi,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "shm" => Ok(Backend::Shm),
+            "mpi" => Ok(Backend::Mpi),
+            other => Err(Error::BadConfig(format!(
+                "unknown backend {other:?}: \"shm\" or \"mpi\" (verbs runs over one of them: \
+                 VerbsCom::new)"
+            ))),
+        }
+    }
+}
+
+/// Settings of a job, as the launcher uses them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobConfig {
+    /// Number of processes.
+    pub nprocs: usize,
+    /// Backend.
+    pub backend: Backend,
+    /// Prefix each output line with `[rank N] `.
+    pub prefix_output: bool,
+    /// Time the other processes get to exit after one failed.
+    pub grace: Duration,
+    /// Wall-clock limit of the job.
+    pub timeout: Option<Duration>,
+    /// P2p ring size per ordered pair.
+    pub ring_bytes: usize,
+    /// Collective chunk size.
+    pub coll_chunk_bytes: usize,
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        JobConfig {
+            nprocs: 1,
+            backend: Backend::Shm,
+            prefix_output: false,
+            grace: Duration::from_millis(2000),
+            timeout: None,
+            ring_bytes: control::DEFAULT_RING_BYTES,
+            coll_chunk_bytes: control::DEFAULT_CHUNK_BYTES,
+        }
+    }
+}
+
+fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn parse_env<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
+    match env_var(name) {
+        None => Ok(None),
+        Some(v) => v
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| Error::BadConfig(format!("{name}={v:?} is not a valid value"))),
+    }
+}
+
+fn parse_bool_env(name: &str) -> Result<Option<bool>> {
+    match env_var(name).as_deref().map(str::trim) {
+        None => Ok(None),
+        Some("1" | "true" | "yes" | "on") => Ok(Some(true)),
+        Some("0" | "false" | "no" | "off") => Ok(Some(false)),
+        Some(v) => Err(Error::BadConfig(format!("{name}={v:?} must be 0 or 1"))),
+    }
+}
+
+impl JobConfig {
+    /// Applies the `MENPS_*` variables on top of `self`.
+    pub fn with_env_overrides(mut self) -> Result<Self> {
+        if let Some(n) = parse_env(env::NPROCS)? {
+            self.nprocs = n;
+        }
+        if let Some(b) = env_var(env::BACKEND) {
+            self.backend = b.trim().parse()?;
+        }
+        if let Some(p) = parse_bool_env(env::PREFIX_OUTPUT)? {
+            self.prefix_output = p;
+        }
+        if let Some(ms) = parse_env(env::GRACE_MS)? {
+            self.grace = Duration::from_millis(ms);
+        }
+        if let Some(s) = parse_env::<f64>(env::TIMEOUT_SECS)? {
+            if !(s > 0.0 && s < 1e9) {
+                return Err(Error::BadConfig(format!(
+                    "{}={s} must be a positive number of seconds",
+                    env::TIMEOUT_SECS
+                )));
+            }
+            self.timeout = Some(Duration::from_secs_f64(s));
+        }
+        if let Some(b) = parse_env(env::RING_BYTES)? {
+            self.ring_bytes = b;
+        }
+        if let Some(b) = parse_env(env::COLL_CHUNK_BYTES)? {
+            self.coll_chunk_bytes = b;
+        }
+        Ok(self)
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<()> {
+        if self.nprocs == 0 || self.nprocs > MAX_PROCS {
+            return Err(Error::BadConfig(format!(
+                "process count {} is out of range 1..={MAX_PROCS} (set it with -n or {})",
+                self.nprocs,
+                env::NPROCS
+            )));
+        }
+        control::Layout::new(self.nprocs, self.ring_bytes, self.coll_chunk_bytes).map(drop)
+    }
+}
+
+/// The program a launcher starts N times.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Program {
+    /// Path to execute.
+    pub path: OsString,
+    /// `argv[0]` to pass (default: `path`).
+    pub arg0: Option<OsString>,
+    /// Arguments after `argv[0]`.
+    pub args: Vec<OsString>,
+}
+
+impl Program {
+    /// The running program itself (`/proc/self/exe`), with this process's
+    /// `argv`.
+    pub fn current() -> Self {
+        let mut argv = std::env::args_os();
+        let arg0 = argv.next();
+        Program {
+            path: "/proc/self/exe".into(),
+            arg0,
+            args: argv.collect(),
+        }
+    }
+}
+
+/// Configures [`Builder::init_or_relaunch`].
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    config: JobConfig,
+}
+
+impl Builder {
+    /// Default settings (one process unless `MENPS_NPROCS` says otherwise).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of processes (a `MENPS_NPROCS` setting overrides it).
+    pub fn nprocs(mut self, n: usize) -> Self {
+        self.config.nprocs = n;
+        self
+    }
+
+    /// Prefix output lines with the rank.
+    pub fn prefix_output(mut self, on: bool) -> Self {
+        self.config.prefix_output = on;
+        self
+    }
+
+    /// Grace period after a failure before the others are killed.
+    pub fn grace(mut self, d: Duration) -> Self {
+        self.config.grace = d;
+        self
+    }
+
+    /// Wall-clock limit of the job.
+    pub fn timeout(mut self, d: Duration) -> Self {
+        self.config.timeout = Some(d);
+        self
+    }
+
+    /// P2p ring size per ordered pair (power of two ≥ 128 KiB).
+    pub fn ring_bytes(mut self, b: usize) -> Self {
+        self.config.ring_bytes = b;
+        self
+    }
+
+    /// Collective chunk size.
+    pub fn coll_chunk_bytes(mut self, b: usize) -> Self {
+        self.config.coll_chunk_bytes = b;
+        self
+    }
+
+    /// The settings after the `MENPS_*` overrides.
+    pub fn config(&self) -> Result<JobConfig> {
+        let c = self.config.clone().with_env_overrides()?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// In a process of a job (started by a menps launcher, or by `mpirun`
+    /// when `C` can be MPI): joins it and returns the communicator `C`.
+    /// Otherwise: becomes the launcher of a new job running this program,
+    /// and exits the process with the job's status when it ends (it never
+    /// returns `Ok` then). Errors: bad settings, failure to start, a
+    /// communicator type that cannot join this kind of job.
+    pub fn init_or_relaunch<C: JoinJob>(self) -> Result<C> {
+        if in_job() || under_mpirun() || !C::RELAUNCHABLE {
+            return C::join_job();
+        }
+        let config = self.config()?;
+        let code = run_job(&config, &Program::current())?;
+        std::process::exit(code)
+    }
+}
+
+/// [`Builder::init_or_relaunch`] with `nprocs` processes (which
+/// `MENPS_NPROCS` overrides) and default settings. The caller's type picks
+/// the communicator (see [`JoinJob`]):
+///
+/// ```no_run
+/// let com: menps_dsm::com::AnyCom<ct_worker::OsThreads> =
+///     menps_dsm::launch::init_or_relaunch(4)?;
+/// # Ok::<(), menps_dsm::Error>(())
+/// ```
+pub fn init_or_relaunch<C: JoinJob>(nprocs: usize) -> Result<C> {
+    Builder::new().nprocs(nprocs).init_or_relaunch()
+}
+
+/// A communicator that a process of a job can get by joining it: what
+/// [`init`] and [`init_or_relaunch`] return.
+///
+/// | type | menps launcher (shm job) | under `mpirun` |
+/// |---|---|---|
+/// | [`ShmCom`] | joins | error (asks for `AnyCom`) |
+/// | [`AnyCom`](crate::com::AnyCom) | joins (`AnyCom::Shm`) | joins (`AnyCom::Mpi`, feature `mpi`; otherwise an error naming the feature) |
+/// | `MpiCom` (feature `mpi`) | error | joins |
+pub trait JoinJob: Sized {
+    /// Whether [`init_or_relaunch`] may start a shm job of this program when
+    /// the process is not in a job yet.
+    const RELAUNCHABLE: bool;
+    /// Joins the job this process was started in.
+    fn join_job() -> Result<Self>;
+}
+
+fn mpirun_without_mpi_support(what: &str) -> Error {
+    Error::BadConfig(format!(
+        "this process was started by mpirun, but {what}; build with the `mpi` cargo feature \
+         and join as AnyCom (or MpiCom), or start the program with `menps run -n N -- prog` \
+         (or plain `cargo run`) for the shm backend"
+    ))
+}
+
+impl<U: UltItf> JoinJob for ShmCom<U> {
+    const RELAUNCHABLE: bool = true;
+    fn join_job() -> Result<Self> {
+        if !in_job() && under_mpirun() {
+            return Err(mpirun_without_mpi_support(
+                "the program joins as ShmCom, the shm backend only",
+            ));
+        }
+        join_shm()
+    }
+}
+
+impl<U: UltItf> JoinJob for crate::com::AnyCom<U> {
+    const RELAUNCHABLE: bool = true;
+    fn join_job() -> Result<Self> {
+        if in_job() {
+            return join_shm().map(crate::com::AnyCom::Shm);
+        }
+        if under_mpirun() {
+            #[cfg(feature = "mpi")]
+            return crate::com::MpiCom::init().map(crate::com::AnyCom::Mpi);
+            #[cfg(not(feature = "mpi"))]
+            return Err(mpirun_without_mpi_support(
+                "menps-dsm was built without the `mpi` cargo feature",
+            ));
+        }
+        join_shm().map(crate::com::AnyCom::Shm)
+    }
+}
+
+#[cfg(feature = "mpi")]
+impl<U: UltItf> JoinJob for crate::com::MpiCom<U> {
+    const RELAUNCHABLE: bool = false;
+    fn join_job() -> Result<Self> {
+        if in_job() || !under_mpirun() {
+            return Err(Error::BadConfig(
+                "MpiCom needs a job started by mpirun (`mpirun -n N prog`, or `menps run \
+                 --backend mpi -n N -- prog`); join as AnyCom to run on shm otherwise"
+                    .into(),
+            ));
+        }
+        crate::com::MpiCom::init()
+    }
+}
+
+/// Whether this process was started by `mpirun` / `mpiexec` (one of
+/// [`env::MPIRUN_MARKERS`] is set) and not by a menps launcher.
+pub fn under_mpirun() -> bool {
+    !in_job()
+        && env::MPIRUN_MARKERS
+            .iter()
+            .any(|v| std::env::var_os(v).is_some())
+}
+
+/// Whether this process was started by a launcher (`MENPS_RANK` is set).
+pub fn in_job() -> bool {
+    std::env::var_os(env::RANK).is_some()
+}
+
+static JOINED: AtomicBool = AtomicBool::new(false);
+
+fn required<T: std::str::FromStr>(name: &str) -> Result<T> {
+    parse_env(name)?.ok_or_else(|| {
+        Error::BadConfig(format!(
+            "{name} is not set: this process was not started by a menps launcher \
+             (use `menps run -n N -- prog` or launch::init_or_relaunch)"
+        ))
+    })
+}
+
+/// Takes an inherited descriptor named by the launcher.
+fn inherited_fd(fd: RawFd, what: &str) -> Result<OwnedFd> {
+    // SAFETY: F_GETFD only queries the descriptor table.
+    if fd < 0 || unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(Error::BadConfig(format!(
+            "{what} descriptor {fd} from the launcher is not open in this process \
+             (was it started by a job member rather than by the launcher? then unset MENPS_RANK)"
+        )));
+    }
+    // Keep it from leaking into programs this process starts.
+    sys::set_cloexec(fd, true)?;
+    // SAFETY: the launcher passed this open descriptor to this process for
+    // the job, and `JOINED` guarantees we take it only once; nothing else in
+    // the process owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Joins the job this process was started in (by [`init_or_relaunch`],
+/// `menps run`, or `mpirun` for communicators that can be MPI), as the
+/// caller's communicator type ([`JoinJob`]). At most once per process.
+pub fn init<C: JoinJob>() -> Result<C> {
+    C::join_job()
+}
+
+/// Joins the shm job this process was started in.
+fn join_shm<U: UltItf>() -> Result<ShmCom<U>> {
+    let rank: usize = required(env::RANK)?;
+    let size: usize = required(env::SIZE)?;
+    let control_fd: RawFd = required(env::CONTROL_FD)?;
+    if let Some(b) = env_var(env::BACKEND) {
+        b.trim().parse::<Backend>()?;
+    }
+    if size == 0 || size > MAX_PROCS || rank >= size {
+        return Err(Error::BadConfig(format!(
+            "MENPS_RANK={rank} / MENPS_SIZE={size} are inconsistent"
+        )));
+    }
+    let peer_list = env_var(env::PEER_FDS).unwrap_or_default();
+    let mut peer_fds: Vec<(usize, RawFd)> = Vec::new();
+    for item in peer_list.split(',').filter(|s| !s.is_empty()) {
+        let parsed = item
+            .split_once(':')
+            .and_then(|(r, f)| Some((r.parse().ok()?, f.parse().ok()?)));
+        match parsed {
+            Some((r, f)) if r < size => peer_fds.push((r, f)),
+            _ => {
+                return Err(Error::BadConfig(format!(
+                    "{}={peer_list:?} is malformed",
+                    env::PEER_FDS
+                )));
+            }
+        }
+    }
+    if JOINED.swap(true, Ordering::SeqCst) {
+        return Err(Error::BadConfig(
+            "this process has already joined its job (init may be called only once)".into(),
+        ));
+    }
+    let control_fd = inherited_fd(control_fd, "control memory")?;
+    let control = Control::attach(std::os::fd::AsFd::as_fd(&control_fd), size)?;
+    let mut peers: Vec<Option<OwnedFd>> = (0..size).map(|_| None).collect();
+    for (r, f) in peer_fds {
+        peers[r] = Some(inherited_fd(f, "peer socket")?);
+    }
+    let expected = if rank == 0 {
+        size - 1
+    } else {
+        usize::from(size > 1)
+    };
+    if peers.iter().flatten().count() != expected {
+        return Err(Error::BadConfig(format!(
+            "{} names {} sockets, rank {rank} of {size} needs {expected}",
+            env::PEER_FDS,
+            peers.iter().flatten().count()
+        )));
+    }
+    Ok(ShmCom::from_parts(rank, size, control, peers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_validation() {
+        let c = JobConfig {
+            nprocs: 0,
+            ..JobConfig::default()
+        };
+        assert!(matches!(c.validate(), Err(Error::BadConfig(_))));
+        let c = JobConfig {
+            nprocs: 4,
+            ring_bytes: 1000,
+            ..JobConfig::default()
+        };
+        assert!(matches!(c.validate(), Err(Error::BadConfig(_))));
+        assert!(
+            JobConfig {
+                nprocs: 4,
+                ..JobConfig::default()
+            }
+            .validate()
+            .is_ok()
+        );
+        assert!("shm".parse::<Backend>().is_ok());
+        assert_eq!("mpi".parse::<Backend>(), Ok(Backend::Mpi));
+        let e = "verbs".parse::<Backend>().unwrap_err();
+        assert!(e.to_string().contains("\"shm\" or \"mpi\""), "{e}");
+    }
+}

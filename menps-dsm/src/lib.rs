@@ -1,0 +1,52 @@
+//! MENPS: a page-based software distributed shared memory, in Rust.
+//!
+//! This crate currently holds the bottom of the DSM: the **communication
+//! layer** ([`com`]) and the **launcher** ([`launch`]).
+//!
+//! - [`com`] defines what the DSM needs from the network as traits — ranks,
+//!   one-sided RMA on registered windows addressed by fat pointers (read,
+//!   write, compare-and-swap, fetch-and-add, asynchronous forms, flush),
+//!   small tagged messages, and collectives — and implements them with the
+//!   embedded `shm` backend ([`com::ShmCom`]): processes on one machine,
+//!   windows in `memfd`s mapped by everyone, atomics on the shared mapping.
+//!   Cargo features add the `mpi` backend (`com::MpiCom`, MPI-3 RMA under
+//!   `mpirun`) and the `verbs` backend (`com::VerbsCom`, InfiniBand / RoCE
+//!   RC queue pairs); [`com::AnyCom`] is whichever backend the job runs on.
+//! - [`launch`] starts a job: a library call that re-executes the current
+//!   program N times ([`launch::init_or_relaunch`]), and the `menps` binary
+//!   (`menps run -n 4 -- ./prog args`). When any process dies, the others
+//!   get [`com::Error::PeerDied`] and the launcher stops the job with a
+//!   non-zero status.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use menps_dsm::com::{AnyCom, Coll, Comm, Rma, Windows};
+//!
+//! // Starts 4 processes running this program (MENPS_NPROCS overrides 4);
+//! // in each of them, returns the communicator. Under `mpirun` (feature
+//! // `mpi`) it joins the MPI job instead.
+//! let com: AnyCom<ct_worker::OsThreads> = menps_dsm::launch::init_or_relaunch(4)?;
+//! let win = com.create_window(4096)?;
+//! com.fetch_add(win.at(0, 0), 1)?; // one-sided atomic on rank 0's window
+//! com.barrier()?;
+//! if com.rank() == 0 {
+//!     assert_eq!(com.atomic_load(win.at(0, 0))?, com.size() as u64);
+//! }
+//! # Ok::<(), menps_dsm::com::Error>(())
+//! ```
+//!
+//! # Environment variables
+//!
+//! See [`launch`] for the full table (`MENPS_NPROCS`, `MENPS_PREFIX_OUTPUT`,
+//! `MENPS_GRACE_MS`, `MENPS_TIMEOUT_SECS`, `MENPS_RING_BYTES`,
+//! `MENPS_COLL_CHUNK_BYTES`, the `mpi` backend's `OMPI_MCA_osc` and
+//! `MENPS_MPI_*`, and the variables the launcher sets for each process).
+
+pub mod com;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub mod dsm;
+pub mod launch;
+mod sys;
+
+pub use com::{Error, Result};

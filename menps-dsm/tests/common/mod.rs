@@ -1,0 +1,774 @@
+//! Shared by the multi-process test suites (`shm.rs`, `mpi.rs`): the
+//! scenarios every backend must pass, generic over
+//! [`Communicator`](menps_dsm::com::Communicator), and the driver that runs a
+//! job in its own process group with a time limit and checks that nothing of
+//! it is left behind.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use menps_dsm::com::{Communicator, Error, RemotePtr, RmaRequest, Source, WindowId};
+
+pub const SCENARIO: &str = "MENPS_TEST_SCENARIO";
+pub const JOB_TAG: &str = "MENPS_TEST_JOB";
+/// Longest a job may take before the driver calls it a hang.
+pub const JOB_LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs one of the shared scenarios; `false` if `name` is not one of them.
+pub fn run_common_scenario<C: Communicator>(name: &str, com: &C) -> bool {
+    match name {
+        "hello" => println!("hello {} of {}", com.rank(), com.size()),
+        "rma" => scenario_rma(com),
+        "fetch_add" => scenario_fetch_add(com),
+        "cas_lock" => scenario_cas_lock(com),
+        "p2p" => scenario_p2p(com),
+        "coll" => scenario_coll(com),
+        "addresses" => scenario_addresses(com),
+        _ => return false,
+    }
+    true
+}
+
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+pub fn u64s(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+pub const SIZES: &[usize] = &[
+    1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 63, 64, 65, 127, 255, 256, 257, 1000, 4095, 4096, 4097, 8191,
+    65535, 65536, 65537, 100_003, 262_144, 1_048_575, 1_048_576,
+];
+pub const OFFSETS: &[u64] = &[0, 1, 7, 8, 13, 4093];
+pub const GUARD: usize = 64;
+
+/// Put/get of every size class at odd offsets into the next rank's window,
+/// checked at the target (including untouched guard bytes on both sides)
+/// and read back remotely; then every misuse error.
+pub fn scenario_rma<C: Communicator>(com: &C) {
+    let (me, n) = (com.rank(), com.size());
+    let bytes = 2 * 1024 * 1024 + 2 * 4096;
+    let win = com.create_window(bytes).unwrap();
+    let local = com.local_window(win).unwrap();
+    assert_eq!(local.len(), bytes);
+    let target = (me + 1) % n;
+    let writer = (me + n - 1) % n;
+    let mut iteration = 0u64;
+    for &size in SIZES {
+        for &off in OFFSETS {
+            iteration += 1;
+            let lo = off as usize;
+            // Reset our window's region (and guards) before anyone writes.
+            // SAFETY: nobody accesses our window between these barriers.
+            unsafe { local.as_mut_slice()[lo.saturating_sub(GUARD)..lo + size + GUARD].fill(0) };
+            com.barrier().unwrap();
+            let data = pattern(iteration * 1000 + me as u64, size);
+            if iteration.is_multiple_of(2) {
+                com.write(win.at(target, off), &data).unwrap();
+            } else {
+                // SAFETY: `data` lives until the request is waited for.
+                let r = unsafe { com.write_nb(win.at(target, off), data.as_ptr(), size) }.unwrap();
+                assert_eq!(r.wait().unwrap(), 0);
+            }
+            com.flush(target).unwrap();
+            com.barrier().unwrap();
+            // Check what our writer put into our window.
+            // SAFETY: nobody writes our window until the next barrier.
+            let mine = unsafe { local.as_slice() };
+            let expect = pattern(iteration * 1000 + writer as u64, size);
+            assert!(
+                mine[lo..lo + size] == expect[..],
+                "rank {me}: data from rank {writer} wrong (size {size}, offset {off})"
+            );
+            assert!(
+                mine[lo.saturating_sub(GUARD)..lo].iter().all(|&b| b == 0)
+                    && mine[lo + size..lo + size + GUARD].iter().all(|&b| b == 0),
+                "rank {me}: guard bytes around size {size} offset {off} were overwritten"
+            );
+            // Read back remotely into an odd destination alignment.
+            let mut back = vec![0u8; size + 3];
+            let dst = &mut back[3..];
+            if iteration.is_multiple_of(3) {
+                // SAFETY: `dst` lives and is untouched until the wait.
+                let r =
+                    unsafe { com.read_nb(win.at(target, off), dst.as_mut_ptr(), size) }.unwrap();
+                r.wait().unwrap();
+            } else {
+                com.read(win.at(target, off), dst).unwrap();
+            }
+            assert!(
+                dst == &data[..],
+                "rank {me}: read-back wrong (size {size}, offset {off})"
+            );
+            com.barrier().unwrap();
+        }
+    }
+
+    // Misuse gives clear errors.
+    let w = win.0;
+    let size = bytes;
+    let mut b4 = [0u8; 4];
+    assert_eq!(
+        com.read(win.at(target, size as u64 - 3), &mut b4),
+        Err(Error::OutOfBounds {
+            window: w,
+            offset: size as u64 - 3,
+            len: 4,
+            size
+        })
+    );
+    assert!(matches!(
+        com.read(win.at(target, u64::MAX), &mut b4[..1]),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        com.write(win.at(target, size as u64 + 1), &[]),
+        Err(Error::OutOfBounds { .. })
+    ));
+    com.write(win.at(target, size as u64), &[]).unwrap(); // empty access at the end is fine
+    assert_eq!(
+        com.compare_and_swap(win.at(target, 4), 0, 1),
+        Err(Error::UnalignedAtomic {
+            window: w,
+            offset: 4
+        })
+    );
+    assert_eq!(
+        com.fetch_add(win.at(target, 12), 1),
+        Err(Error::UnalignedAtomic {
+            window: w,
+            offset: 12
+        })
+    );
+    assert!(matches!(
+        com.fetch_add(win.at(target, size as u64), 1),
+        Err(Error::OutOfBounds { len: 8, .. })
+    ));
+    assert_eq!(
+        com.read(WindowId(999).at(target, 0), &mut b4),
+        Err(Error::UnknownWindow { window: 999 })
+    );
+    assert_eq!(
+        com.read(win.at(n, 0), &mut b4),
+        Err(Error::BadRank { rank: n, size: n })
+    );
+    assert!(matches!(
+        local.atomic_u64(3),
+        Err(Error::UnalignedAtomic { .. })
+    ));
+    assert!(matches!(
+        local.atomic_u64(size),
+        Err(Error::OutOfBounds { .. })
+    ));
+    let big = vec![0u8; com.max_message_bytes() + 1];
+    assert_eq!(
+        com.send(target, 1, &big),
+        Err(Error::MessageTooLarge {
+            len: big.len(),
+            max: 64 * 1024
+        })
+    );
+    // Error messages name what is wrong.
+    let msg = Error::OutOfBounds {
+        window: 1,
+        offset: 9,
+        len: 8,
+        size: 16,
+    }
+    .to_string();
+    assert!(
+        msg.contains("offset 9") && msg.contains("16 bytes"),
+        "{msg}"
+    );
+
+    // More windows: ids agree everywhere; an empty window works; destroy.
+    let empty = com.create_window(0).unwrap();
+    let small = com.create_window(24).unwrap();
+    let ids = u64s(
+        &com.allgather(
+            &[u64::from(empty.0), u64::from(small.0)]
+                .map(u64::to_le_bytes)
+                .concat(),
+        )
+        .unwrap(),
+    );
+    for r in 0..n {
+        assert_eq!(
+            (ids[2 * r], ids[2 * r + 1]),
+            (u64::from(empty.0), u64::from(small.0))
+        );
+    }
+    com.read(empty.at(target, 0), &mut []).unwrap();
+    assert!(matches!(
+        com.read(empty.at(target, 0), &mut b4),
+        Err(Error::OutOfBounds { .. })
+    ));
+    com.fetch_add(small.at(0, 16), 1).unwrap();
+    com.barrier().unwrap();
+    assert_eq!(com.atomic_load(small.at(0, 16)).unwrap(), n as u64);
+    com.barrier().unwrap();
+    com.destroy_window(small).unwrap();
+    assert_eq!(
+        com.fetch_add(small.at(0, 16), 1),
+        Err(Error::UnknownWindow { window: small.0 })
+    );
+    assert!(matches!(
+        com.destroy_window(small),
+        Err(Error::UnknownWindow { .. })
+    ));
+    // Mismatched sizes: every process gets the error, and the next window
+    // still gets the next id everywhere.
+    let r = com.create_window(100 + me);
+    if n > 1 {
+        assert!(matches!(r, Err(Error::CollectiveMismatch(_))), "{r:?}");
+    }
+    let after = com.create_window(8).unwrap();
+    let ids = u64s(&com.allgather(&u64::from(after.0).to_le_bytes()).unwrap());
+    assert!(ids.iter().all(|&i| i == u64::from(after.0)));
+    com.barrier().unwrap();
+    println!("rank {me}: rma ok ({iteration} put/get cases)");
+}
+
+pub const ADDS: u64 = 10_000;
+
+/// Every process does 10^4 fetch-adds of 1 on one word of rank 0; the total
+/// is exact and the old values are exactly 0..N·10^4, each seen once.
+pub fn scenario_fetch_add<C: Communicator>(com: &C) {
+    let (me, n) = (com.rank(), com.size());
+    let win = com.create_window(64).unwrap();
+    let word = win.at(0, 8);
+    com.barrier().unwrap();
+    let seen = std::sync::Arc::new(Mutex::new(Vec::with_capacity(ADDS as usize)));
+    for i in 0..ADDS {
+        match i % 3 {
+            0 => seen.lock().unwrap().push(com.fetch_add(word, 1).unwrap()),
+            1 => seen
+                .lock()
+                .unwrap()
+                .push(com.fetch_add_nb(word, 1).unwrap().wait().unwrap()),
+            _ => {
+                let s = seen.clone();
+                com.fetch_add_nb(word, 1)
+                    .unwrap()
+                    .on_complete(move |v| s.lock().unwrap().push(v.unwrap()));
+            }
+        }
+    }
+    com.flush(0).unwrap();
+    com.barrier().unwrap();
+    let total = com.atomic_load(word).unwrap();
+    assert_eq!(total, n as u64 * ADDS, "rank {me}: fetch_add total");
+    let olds = seen.lock().unwrap().clone();
+    assert_eq!(olds.len(), ADDS as usize);
+    assert!(
+        olds.windows(2).all(|w| w[0] < w[1]),
+        "old values must increase per process"
+    );
+    // Chunked allgather of 80 KB per process.
+    let all = u64s(
+        &com.allgather(
+            &olds
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap(),
+    );
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    assert!(
+        sorted.iter().copied().eq(0..n as u64 * ADDS),
+        "every old value 0..{} exactly once",
+        n as u64 * ADDS
+    );
+    com.barrier().unwrap();
+    println!("rank {me}: fetch_add ok, total {total}");
+}
+
+pub const LOCK_ITERS: u64 = 20_000;
+
+/// A CAS spinlock on rank 0's window protecting a plain (non-atomic)
+/// counter updated with RMA read + write; mutual exclusion is also checked
+/// with an occupancy word.
+pub fn scenario_cas_lock<C: Communicator>(com: &C) {
+    let (me, n) = (com.rank(), com.size());
+    let win = com.create_window(4096).unwrap();
+    let (lock, occupancy, counter) = (win.at(0, 0), win.at(0, 64), win.at(0, 128));
+    com.barrier().unwrap();
+    let me_tag = me as u64 + 1;
+    for _ in 0..LOCK_ITERS {
+        let mut spins = 0u32;
+        while com.compare_and_swap(lock, 0, me_tag).unwrap() != 0 {
+            spins += 1;
+            if spins < 32 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        assert_eq!(
+            com.fetch_add(occupancy, 1).unwrap(),
+            0,
+            "two holders at once"
+        );
+        let mut b = [0u8; 8];
+        com.read(counter, &mut b).unwrap();
+        let v = u64::from_le_bytes(b) + 1;
+        com.write(counter, &v.to_le_bytes()).unwrap();
+        assert_eq!(com.fetch_add(occupancy, u64::MAX).unwrap(), 1); // -1
+        assert_eq!(
+            com.compare_and_swap(lock, me_tag, 0).unwrap(),
+            me_tag,
+            "lock stolen"
+        );
+    }
+    com.barrier().unwrap();
+    let mut b = [0u8; 8];
+    com.read(counter, &mut b).unwrap();
+    let total = u64::from_le_bytes(b);
+    assert_eq!(
+        total,
+        n as u64 * LOCK_ITERS,
+        "rank {me}: counter under the CAS lock"
+    );
+    com.barrier().unwrap();
+    println!("rank {me}: cas_lock ok, total {total}");
+}
+
+pub const PAIR_MSGS: u32 = 3_000;
+
+pub fn msg(sender: usize, tag: u32, seq: u32, len: usize) -> Vec<u8> {
+    let mut m = Vec::with_capacity(len.max(12));
+    m.extend_from_slice(&(sender as u32).to_le_bytes());
+    m.extend_from_slice(&tag.to_le_bytes());
+    m.extend_from_slice(&seq.to_le_bytes());
+    m.extend(pattern(
+        u64::from(seq) * 31 + sender as u64,
+        len.saturating_sub(12),
+    ));
+    m
+}
+
+pub fn check_msg(m: &[u8], sender: usize, tag: u32, seq: u32) {
+    let f = |i: usize| u32::from_le_bytes(m[4 * i..4 * i + 4].try_into().unwrap());
+    assert_eq!(
+        (f(0), f(1), f(2)),
+        (sender as u32, tag, seq),
+        "wrong message (sender, tag, seq)"
+    );
+    assert!(m[12..] == pattern(u64::from(seq) * 31 + sender as u64, m.len() - 12)[..]);
+}
+
+/// Tag matching, per-pair FIFO order under load (ring wrap-around and
+/// back-pressure), size limits, `recv_into`, self-messages.
+pub fn scenario_p2p<C: Communicator>(com: &C) {
+    let (me, n) = (com.rank(), com.size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+
+    // Tag matching: A0 B0 A1 B1 A2 to the next rank; it takes the Bs first.
+    let (ta, tb) = (10, 20);
+    for (tag, seq) in [(ta, 0), (tb, 0), (ta, 1), (tb, 1), (ta, 2)] {
+        com.send(next, tag, &msg(me, tag, seq, 40)).unwrap();
+    }
+    for seq in 0..2 {
+        let (s, m) = com.recv(Source::Rank(prev), tb).unwrap();
+        assert_eq!(s, prev);
+        check_msg(&m, prev, tb, seq);
+    }
+    assert_eq!(com.try_recv(Source::Rank(prev), 30).unwrap(), None);
+    assert_eq!(com.try_recv(Source::Any, tb).unwrap(), None);
+    for seq in 0..3 {
+        let (s, m) = com.recv(Source::Any, ta).unwrap();
+        assert_eq!(s, prev);
+        check_msg(&m, prev, ta, seq);
+    }
+    com.barrier().unwrap();
+
+    // Sizes: empty and maximal messages; recv_into leaves a too-long message.
+    com.send(next, 3, &[]).unwrap();
+    let big = pattern(me as u64, com.max_message_bytes());
+    com.send(next, 4, &big).unwrap();
+    assert_eq!(com.recv(Source::Rank(prev), 3).unwrap(), (prev, vec![]));
+    let mut small = [0u8; 100];
+    assert_eq!(
+        com.recv_into(Source::Rank(prev), 4, &mut small),
+        Err(Error::BufferTooSmall {
+            len: big.len(),
+            capacity: 100
+        })
+    );
+    let mut full = vec![0u8; big.len() + 5];
+    let (s, len) = com.recv_into(Source::Any, 4, &mut full).unwrap();
+    assert_eq!((s, len), (prev, big.len()));
+    assert!(full[..len] == pattern(prev as u64, len)[..]);
+    // To oneself.
+    com.send(me, 5, b"self").unwrap();
+    assert_eq!(
+        com.recv(Source::Rank(me), 5).unwrap(),
+        (me, b"self".to_vec())
+    );
+    com.barrier().unwrap();
+
+    // Every process sends PAIR_MSGS messages (0..300 bytes) to every other,
+    // interleaved, on tag 7 while a second thread receives them; per sender
+    // the sequence must be exactly 0, 1, 2, …
+    std::thread::scope(|s| {
+        let receiver = s.spawn(|| {
+            let mut next_seq = vec![0u32; n];
+            for i in 0..PAIR_MSGS as usize * (n - 1) {
+                let (src, m) = if i % 2 == 0 {
+                    com.recv(Source::Any, 7).unwrap()
+                } else {
+                    // Alternate a specific source that still has messages.
+                    let src = (0..n)
+                        .map(|k| (me + 1 + (i / 2 + k) % (n - 1).max(1)) % n)
+                        .find(|&r| r != me && next_seq[r] < PAIR_MSGS);
+                    match src {
+                        Some(r) => com.recv(Source::Rank(r), 7).unwrap(),
+                        None => com.recv(Source::Any, 7).unwrap(),
+                    }
+                };
+                check_msg(&m, src, 7, next_seq[src]);
+                next_seq[src] += 1;
+            }
+            next_seq
+        });
+        for seq in 0..PAIR_MSGS {
+            for k in 1..n {
+                let to = (me + k) % n;
+                com.send(to, 7, &msg(me, 7, seq, 12 + (seq as usize * 37) % 290))
+                    .unwrap();
+            }
+        }
+        let got = receiver.join().unwrap();
+        for (r, &c) in got.iter().enumerate() {
+            assert_eq!(c, if r == me { 0 } else { PAIR_MSGS });
+        }
+    });
+    com.barrier().unwrap();
+    println!("rank {me}: p2p ok");
+}
+
+/// Barrier ordering, broadcast from every root, allgather of many sizes
+/// (multi-chunk included), and mismatch detection.
+pub fn scenario_coll<C: Communicator>(com: &C) {
+    let (me, n) = (com.rank(), com.size());
+    let win = com.create_window(8).unwrap();
+    let local = com.local_window(win).unwrap();
+    let word = local.atomic_u64(0).unwrap();
+    for round in 1..=200u64 {
+        word.store(round, Ordering::SeqCst);
+        com.barrier().unwrap();
+        for r in 0..n {
+            assert_eq!(
+                com.atomic_load(win.at(r, 0)).unwrap(),
+                round,
+                "barrier let rank {me} through early"
+            );
+        }
+        com.barrier().unwrap();
+    }
+    for root in 0..n {
+        for len in [0usize, 1, 13, 4096, 65536, 65537, 300_001] {
+            let want = pattern((root * 7 + len) as u64, len);
+            let mut buf = if me == root {
+                want.clone()
+            } else {
+                vec![0xAA; len]
+            };
+            com.broadcast(root, &mut buf).unwrap();
+            assert!(buf == want, "broadcast from {root} of {len} bytes");
+        }
+    }
+    for len in [0usize, 1, 8, 1000, 65536, 100_000] {
+        let all = com
+            .allgather(&pattern((me * 1000 + len) as u64, len))
+            .unwrap();
+        assert_eq!(all.len(), n * len);
+        for r in 0..n {
+            assert!(all[r * len..(r + 1) * len] == pattern((r * 1000 + len) as u64, len)[..]);
+        }
+    }
+    if n > 1 {
+        let e = com.allgather(&vec![1u8; 8 + me]).unwrap_err();
+        assert!(matches!(e, Error::CollectiveMismatch(_)), "{e}");
+        let mut b = [0u8; 4];
+        let e = com.broadcast(me % 2, &mut b).unwrap_err();
+        assert!(matches!(e, Error::CollectiveMismatch(_)), "{e}");
+        let e = com.allgather_into(&[1, 2], &mut [0u8; 3]).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+    // Still in step after the errors.
+    let ranks = com.allgather(&[me as u8]).unwrap();
+    assert_eq!(ranks, (0..n as u8).collect::<Vec<_>>());
+    println!("rank {me}: coll ok");
+}
+
+pub static A_STATIC: AtomicU64 = AtomicU64::new(0);
+
+/// Every process has the same addresses for code and globals
+/// (`ADDR_NO_RANDOMIZE`).
+pub fn scenario_addresses<C: Communicator>(com: &C) {
+    let persona = std::fs::read_to_string("/proc/self/personality").unwrap();
+    let persona = u64::from_str_radix(persona.trim(), 16).unwrap();
+    assert_ne!(persona & 0x0040000, 0, "ADDR_NO_RANDOMIZE not set");
+    let addrs = [
+        scenario_addresses::<C> as *const () as u64,
+        &A_STATIC as *const AtomicU64 as u64,
+    ];
+    let all = u64s(
+        &com.allgather(&addrs.map(u64::to_le_bytes).concat())
+            .unwrap(),
+    );
+    for r in 0..com.size() {
+        assert_eq!(
+            &all[2 * r..2 * r + 2],
+            &addrs,
+            "rank {r} has other addresses"
+        );
+    }
+    println!("rank {}: addresses identical {addrs:x?}", com.rank());
+}
+
+/// User-level threads: 16 ULTs per process on 2 workers exchange messages
+/// in reverse order (so most must wait while others run), use fetch-add, and
+/// the main ULT runs collectives.
+pub fn scenario_ult<C: Communicator + 'static>(com: C) {
+    let com = std::sync::Arc::new(com);
+    let rt = ct_worker::Runtime::builder().workers(2).build().unwrap();
+    let (me, n) = (com.rank(), com.size());
+    let win = com.create_window(64).unwrap();
+    const K: u32 = 16;
+    rt.block_on(|| {
+        for round in 0..5u32 {
+            let handles: Vec<_> = (0..K)
+                .map(|i| {
+                    let com = com.clone();
+                    ct_worker::spawn(move || {
+                        let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+                        com.send(next, i, &msg(me, i, round, 64)).unwrap();
+                        let want = K - 1 - i;
+                        let (s, m) = com.recv(Source::Rank(prev), want).unwrap();
+                        assert_eq!(s, prev);
+                        check_msg(&m, prev, want, round);
+                        com.fetch_add(RemotePtr::new(0, win, 0), 1).unwrap();
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join();
+            }
+            com.barrier().unwrap();
+        }
+        let total = com.atomic_load(win.at(0, 0)).unwrap();
+        assert_eq!(total, u64::from(5 * K) * n as u64);
+    });
+    com.barrier().unwrap();
+    println!("rank {me}: ult ok");
+}
+
+// ---------------------------------------------------------------------------
+// The driver side.
+
+pub static SERIAL: Mutex<()> = Mutex::new(());
+pub static NEXT_JOB: AtomicU64 = AtomicU64::new(0);
+
+pub struct JobRun {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl JobRun {
+    pub fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+    pub fn dump(&self) -> String {
+        format!(
+            "status {:?} after {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.status, self.elapsed, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Processes whose environment carries `tag`.
+pub fn processes_tagged(tag: &str) -> Vec<u32> {
+    let needle = format!("{JOB_TAG}={tag}\0");
+    let me = std::process::id();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ"))
+            && env.windows(needle.len()).any(|w| w == needle.as_bytes())
+        {
+            // Zombies that are already reaped-pending still count; check state.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if !stat.contains(") Z ") {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+pub fn assert_no_leftovers(tag: &str) {
+    let until = Instant::now() + Duration::from_secs(3);
+    loop {
+        let left = processes_tagged(tag);
+        if left.is_empty() {
+            break;
+        }
+        if Instant::now() > until {
+            for &p in &left {
+                // SAFETY: killing leftover test processes by pid.
+                unsafe { libc::kill(p as i32, libc::SIGKILL) };
+            }
+            panic!("processes of job {tag} left behind: {left:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let shm: Vec<_> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().contains("menps"))
+                .map(|e| e.file_name())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        shm.is_empty(),
+        "named shared memory left in /dev/shm: {shm:?}"
+    );
+}
+
+/// Starts a job command in its own process group; `during` may act on it
+/// while it runs (gets the launcher pid and the stdout so far).
+pub fn drive(mut cmd: Command, tag: &str, mut during: impl FnMut(u32, &str) -> bool) -> JobRun {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    cmd.env(JOB_TAG, tag)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let start = Instant::now();
+    let mut child = cmd.spawn().expect("spawn job");
+    let pid = child.id();
+    let read_all = |mut r: Box<dyn Read + Send>| {
+        let buf = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let b = buf.clone();
+        let t = std::thread::spawn(move || {
+            let mut chunk = [0u8; 4096];
+            while let Ok(k) = r.read(&mut chunk) {
+                if k == 0 {
+                    break;
+                }
+                b.lock().unwrap().extend_from_slice(&chunk[..k]);
+            }
+        });
+        (buf, t)
+    };
+    let (out, tout) = read_all(Box::new(child.stdout.take().unwrap()));
+    let (err, terr) = read_all(Box::new(child.stderr.take().unwrap()));
+    let mut acted = false;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if !acted {
+            let so_far = String::from_utf8_lossy(&out.lock().unwrap()).into_owned();
+            acted = during(pid, &so_far);
+        }
+        if start.elapsed() > JOB_LIMIT {
+            // SAFETY: killing the job's process group, which we created.
+            unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            assert_no_leftovers(tag);
+            panic!(
+                "job {tag} hung: killed after {JOB_LIMIT:?}\n--- stdout\n{}\n--- stderr\n{}",
+                String::from_utf8_lossy(&out.lock().unwrap()),
+                String::from_utf8_lossy(&err.lock().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let elapsed = start.elapsed();
+    assert_no_leftovers(tag);
+    // Leftovers are gone, so the pipes reach EOF.
+    tout.join().unwrap();
+    terr.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.lock().unwrap()).into_owned();
+    let stderr = String::from_utf8_lossy(&err.lock().unwrap()).into_owned();
+    JobRun {
+        status,
+        stdout,
+        stderr,
+        elapsed,
+    }
+}
+
+/// A command without any `MENPS_*` variable of the driver's environment.
+pub fn clean_cmd(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("MENPS_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+pub fn new_tag(scenario: &str) -> String {
+    format!(
+        "{}-{}-{}",
+        std::process::id(),
+        NEXT_JOB.fetch_add(1, Ordering::Relaxed),
+        scenario
+    )
+}
+
+pub fn entry_args(cmd: &mut Command) {
+    cmd.args([
+        "job_entry",
+        "--exact",
+        "--nocapture",
+        "--test-threads=1",
+        "-q",
+    ]);
+}
+
+pub fn assert_ok(run: &JobRun, n: usize, line: &str) {
+    assert!(run.status.success(), "job failed: {}", run.dump());
+    for r in 0..n {
+        let want = format!("rank {r}: {line}");
+        assert!(
+            run.stdout.contains(&want),
+            "missing {want:?}: {}",
+            run.dump()
+        );
+    }
+}

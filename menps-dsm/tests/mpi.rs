@@ -1,0 +1,303 @@
+//! Multi-process tests of the `mpi` backend, under `mpirun` (needs the `mpi`
+//! feature and OpenMPI's `mpirun` on the `PATH`; `MENPS_TEST_MPIRUN`
+//! overrides the command).
+//!
+//! Each test drives a job: `mpirun --oversubscribe -n N` (plus
+//! `--allow-run-as-root` as root) runs this test binary, filtered to
+//! [`job_entry`], with `MENPS_TEST_SCENARIO` naming what the processes do.
+//! There the processes join as [`AnyCom`], which under `mpirun` is the MPI
+//! backend. The driver (in `common/`) runs the job in its own process
+//! group, kills it and fails after a time limit (a hang is a failure),
+//! checks its output and that no process of it is left.
+//!
+//! The scenarios are the shm suite's: put/get of every size class with
+//! every misuse error, 4 × 10^4 `fetch_add` with the exact total and every
+//! old value once, a CAS spinlock around a plain counter, p2p tag matching
+//! and ordering, collectives with checked results and mismatch detection,
+//! identical addresses, user-level threads — each on the direct and the
+//! offloaded RMA paths. MPI-specific: a killed rank aborts the job (nobody
+//! hangs), a rank that finishes early gives `PeerExited`, and a crashing
+//! `OMPI_MCA_osc` setting is refused with a message naming the fix.
+
+#![cfg(feature = "mpi")]
+
+use std::time::{Duration, Instant};
+
+use ct_worker::{OsThreads, Ult, UltItf};
+use menps_dsm::com::{AnyCom, Coll, Comm, Communicator, Error, P2p, ShmCom, Source};
+
+mod common;
+use common::*;
+
+// ---------------------------------------------------------------------------
+// The job side.
+
+/// Entry point of the job processes (a no-op in a normal test run).
+#[test]
+fn job_entry() {
+    let Ok(name) = std::env::var(SCENARIO) else {
+        return;
+    };
+    match name.as_str() {
+        "ult" => scenario_ult(join::<Ult>()),
+        "shm_only" => {
+            // The shm communicator cannot join an MPI job: a clear error,
+            // not a hang or a relaunch.
+            let e = menps_dsm::launch::init_or_relaunch::<ShmCom<OsThreads>>(2).unwrap_err();
+            assert!(matches!(e, Error::BadConfig(_)), "{e:?}");
+            let rank = std::env::var("OMPI_COMM_WORLD_RANK").unwrap_or_default();
+            println!("rank {rank}: shm_only refused: {e}");
+        }
+        _ => {
+            let com = join::<OsThreads>();
+            assert_eq!(com.backend_name(), "mpi", "not on the MPI backend");
+            if !run_common_scenario(&name, &com) {
+                match name.as_str() {
+                    "kill9" => scenario_kill9(&com),
+                    "finish_early" => scenario_finish_early(com),
+                    other => panic!("unknown scenario {other}"),
+                }
+            }
+        }
+    }
+}
+
+fn join<U: UltItf>() -> AnyCom<U> {
+    menps_dsm::launch::init_or_relaunch::<AnyCom<U>>(2).unwrap_or_else(|e| {
+        eprintln!("cannot join the job: {e}");
+        std::process::exit(3)
+    })
+}
+
+/// Rank 2 kills itself while rank 0 waits in a barrier, rank 1 in a receive
+/// from rank 2 and rank 3 spins on a CAS lock rank 2 holds: `mpirun` must
+/// abort the job (MPI reports no per-peer failures), and nobody may hang.
+fn scenario_kill9<C: Communicator>(com: &C) {
+    let me = com.rank();
+    assert_eq!(com.size(), 4);
+    let win = com.create_window(64).unwrap();
+    let lock = win.at(0, 0);
+    if me == 2 {
+        assert_eq!(com.compare_and_swap(lock, 0, 3).unwrap(), 0);
+    }
+    com.barrier().unwrap();
+    println!("rank {me}: waiting");
+    if me == 2 {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: sending a signal to ourselves.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        unreachable!();
+    }
+    let r = match me {
+        0 => com.barrier(),
+        1 => com.recv(Source::Rank(2), 5).map(drop),
+        _ => loop {
+            match com.compare_and_swap(lock, 0, me as u64 + 1) {
+                Ok(0) => panic!("got a lock held by a dead process"),
+                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => break Err(e),
+            }
+        },
+    };
+    panic!("rank {me}: a wait for the killed rank returned {r:?}");
+}
+
+/// The last rank finishes normally (drops its communicator, finalising
+/// MPI) at once; the others' barrier can never complete and returns
+/// `PeerExited`, as does a receive from it.
+fn scenario_finish_early(com: AnyCom<OsThreads>) {
+    let (me, n) = (com.rank(), com.size());
+    if me == n - 1 {
+        drop(com);
+        println!("rank {me}: left");
+        return;
+    }
+    let start = Instant::now();
+    let err = com.barrier().unwrap_err();
+    assert_eq!(err, Error::PeerExited { rank: n - 1 });
+    let err2 = com.recv(Source::Rank(n - 1), 1).unwrap_err();
+    assert_eq!(err2, Error::PeerExited { rank: n - 1 });
+    println!(
+        "rank {me} detected {err:?} after {} ms",
+        start.elapsed().as_millis()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The driver side.
+
+fn mpirun() -> String {
+    std::env::var("MENPS_TEST_MPIRUN").unwrap_or_else(|_| "mpirun".into())
+}
+
+/// Runs `scenario` with `mpirun -n n`, with `env` set in every process.
+fn mpi_job(scenario: &str, n: usize, env: &[(&str, &str)]) -> JobRun {
+    let tag = new_tag(scenario);
+    let mut cmd = clean_cmd(mpirun());
+    cmd.args(["-n", &n.to_string(), "--oversubscribe"]);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        cmd.arg("--allow-run-as-root");
+    }
+    // Our variables reach every process (mpirun forwards those named).
+    let mut vars: Vec<(String, String)> = vec![
+        (SCENARIO.into(), scenario.into()),
+        (JOB_TAG.into(), tag.clone()),
+    ];
+    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    for (k, v) in &vars {
+        cmd.env(k, v).args(["-x", k]);
+    }
+    cmd.arg(std::env::current_exe().unwrap());
+    entry_args(&mut cmd);
+    drive(cmd, &tag, |_, _| true)
+}
+
+/// The RMA paths: direct MPI calls from the calling thread, and offloading.
+const PATHS: [(&str, &str); 2] = [("direct", "0"), ("offloaded", "1")];
+
+fn on_paths(scenario: &str, n: usize, line: &str) {
+    for (path, v) in PATHS {
+        let run = mpi_job(scenario, n, &[("MENPS_MPI_OFFLOAD", v)]);
+        assert_ok(&run, n, line);
+        eprintln!("{scenario} on {n} processes, {path}: {:?}", run.elapsed);
+    }
+}
+
+#[test]
+fn mpi_hello_under_mpirun() {
+    let run = mpi_job("hello", 3, &[]);
+    assert!(run.status.success(), "{}", run.dump());
+    for r in 0..3 {
+        assert!(
+            run.stdout.contains(&format!("hello {r} of 3")),
+            "{}",
+            run.dump()
+        );
+    }
+}
+
+#[test]
+fn mpi_rma_put_get_all_sizes_2_3_4_procs() {
+    for n in [2, 3, 4] {
+        let run = mpi_job("rma", n, &[]);
+        assert_ok(&run, n, "rma ok");
+    }
+    let run = mpi_job("rma", 2, &[("MENPS_MPI_OFFLOAD", "1")]);
+    assert_ok(&run, 2, "rma ok");
+}
+
+#[test]
+fn mpi_fetch_add_4_procs_exact_total() {
+    on_paths("fetch_add", 4, "fetch_add ok, total 40000");
+}
+
+#[test]
+fn mpi_cas_spinlock_counter_3_and_4_procs() {
+    for n in [3, 4] {
+        let run = mpi_job("cas_lock", n, &[]);
+        assert_ok(
+            &run,
+            n,
+            &format!("cas_lock ok, total {}", n as u64 * LOCK_ITERS),
+        );
+    }
+}
+
+#[test]
+fn mpi_p2p_tags_and_ordering_2_3_4_procs() {
+    for n in [2, 3, 4] {
+        let run = mpi_job("p2p", n, &[]);
+        assert_ok(&run, n, "p2p ok");
+    }
+}
+
+#[test]
+fn mpi_collectives_2_3_4_procs() {
+    for n in [2, 3, 4] {
+        let run = mpi_job("coll", n, &[]);
+        assert_ok(&run, n, "coll ok");
+    }
+}
+
+#[test]
+fn mpi_identical_addresses_in_every_process() {
+    let run = mpi_job("addresses", 3, &[]);
+    assert_ok(&run, 3, "addresses identical");
+}
+
+#[test]
+fn mpi_user_level_threads_offloaded() {
+    let run = mpi_job("ult", 3, &[]);
+    assert_ok(&run, 3, "ult ok");
+}
+
+#[test]
+fn mpi_killed_rank_aborts_the_job_without_hanging() {
+    let run = mpi_job("kill9", 4, &[]);
+    assert!(!run.status.success(), "{}", run.dump());
+    assert_eq!(
+        run.stdout.matches("waiting").count(),
+        4,
+        "every rank reached the waits: {}",
+        run.dump()
+    );
+    assert!(
+        !run.stdout.contains("returned") && !run.stderr.contains("returned"),
+        "{}",
+        run.dump()
+    );
+    assert!(run.elapsed < Duration::from_secs(15), "{}", run.dump());
+}
+
+#[test]
+fn mpi_finished_rank_gives_peer_exited() {
+    let run = mpi_job("finish_early", 3, &[]);
+    assert!(run.status.success(), "{}", run.dump());
+    for r in [0, 1] {
+        let want = format!("rank {r} detected PeerExited {{ rank: 2 }}");
+        assert!(
+            run.stdout.contains(&want),
+            "missing {want:?}: {}",
+            run.dump()
+        );
+    }
+}
+
+#[test]
+fn mpi_crashing_osc_setting_is_refused_with_the_fix() {
+    for bad in ["rdma", "pt2pt"] {
+        let run = mpi_job("hello", 2, &[("OMPI_MCA_osc", bad)]);
+        assert!(!run.status.success(), "{}", run.dump());
+        assert!(
+            run.stderr
+                .contains(&format!("OMPI_MCA_osc=\"{bad}\" cannot be used"))
+                && run.stderr.contains("set OMPI_MCA_osc=sm,ucx"),
+            "{}",
+            run.dump()
+        );
+    }
+    // Without the re-exec, an unset (empty) OMPI_MCA_osc must be asked for.
+    let run = mpi_job(
+        "hello",
+        2,
+        &[("MENPS_MPI_REEXEC", "0"), ("OMPI_MCA_osc", "")],
+    );
+    assert!(!run.status.success(), "{}", run.dump());
+    assert!(
+        run.stderr.contains("OMPI_MCA_osc is not set"),
+        "{}",
+        run.dump()
+    );
+}
+
+#[test]
+fn shm_communicator_under_mpirun_is_a_clear_error() {
+    let run = mpi_job("shm_only", 2, &[]);
+    assert_ok(&run, 2, "shm_only refused");
+    assert!(
+        run.stdout.contains("started by mpirun") && run.stdout.contains("AnyCom"),
+        "{}",
+        run.dump()
+    );
+}

@@ -1,0 +1,439 @@
+//! Multi-process tests of the shm backend and the launcher.
+//!
+//! Each test *drives* a job: it runs this test binary again, filtered to
+//! [`job_entry`], with `MENPS_TEST_SCENARIO` naming what the processes do and
+//! `MENPS_NPROCS` their count. That process calls `init_or_relaunch`, so it
+//! becomes the launcher and re-executes itself N times; in those processes
+//! the same call joins the job and the scenario runs. The driver
+//! - kills the job's whole process group and fails if it takes longer than
+//!   [`JOB_LIMIT`] (a hang is a failure),
+//! - checks the exit status and the output,
+//! - checks that no process of the job is left (every process carries a
+//!   unique `MENPS_TEST_JOB` tag in its environment, looked up in `/proc`).
+//!
+//! Jobs run one at a time (a lock), so timing assertions hold on 2 cores.
+//! The scenarios shared with the other backends' suites and the driver are
+//! in `common/`.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ct_worker::{OsThreads, Ult, UltItf};
+use menps_dsm::com::{Communicator, Error, ShmCom, Source};
+
+mod common;
+use common::*;
+
+// ---------------------------------------------------------------------------
+// The job side.
+
+/// Entry point of the job processes (a no-op in a normal test run).
+#[test]
+fn job_entry() {
+    let Ok(name) = std::env::var(SCENARIO) else {
+        return;
+    };
+    match name.as_str() {
+        "ult" => {
+            let com = join::<Ult>();
+            scenario_ult(com);
+        }
+        _ => {
+            let com = join::<OsThreads>();
+            run_scenario(&name, &com);
+        }
+    }
+}
+
+fn join<U: UltItf>() -> ShmCom<U> {
+    menps_dsm::launch::Builder::new()
+        .nprocs(2)
+        .grace(Duration::from_secs(3))
+        .init_or_relaunch::<ShmCom<U>>()
+        .unwrap_or_else(|e| {
+            eprintln!("cannot join the job: {e}");
+            std::process::exit(3)
+        })
+}
+
+fn run_scenario<C: Communicator>(name: &str, com: &C) {
+    if run_common_scenario(name, com) {
+        return;
+    }
+    match name {
+        "kill9" => scenario_kill9(com),
+        "panic" => scenario_panic(com),
+        "exit_early" => scenario_exit_early(com),
+        "block_forever" => scenario_block_forever(com),
+        other => panic!("unknown scenario {other}"),
+    }
+}
+
+/// Rank 2 takes a CAS lock, then is killed with SIGKILL. Rank 0 waits in a
+/// barrier, rank 1 in a receive from rank 2, rank 3 spins on the lock: each
+/// must get `PeerDied { rank: 2 }` within 10 s.
+fn scenario_kill9<C: Communicator>(com: &C) {
+    let me = com.rank();
+    assert_eq!(com.size(), 4);
+    let win = com.create_window(64).unwrap();
+    let lock = win.at(0, 0);
+    if me == 2 {
+        assert_eq!(com.compare_and_swap(lock, 0, 3).unwrap(), 0);
+    }
+    com.barrier().unwrap();
+    if me == 2 {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: sending a signal to ourselves.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        unreachable!();
+    }
+    let start = Instant::now();
+    let (what, err) = match me {
+        0 => ("barrier", com.barrier().unwrap_err()),
+        1 => ("recv", com.recv(Source::Rank(2), 5).unwrap_err()),
+        _ => {
+            let e = loop {
+                match com.compare_and_swap(lock, 0, me as u64 + 1) {
+                    Ok(0) => panic!("got a lock held by a dead process"),
+                    Ok(_) => std::thread::yield_now(),
+                    Err(e) => break e,
+                }
+            };
+            ("cas spin", e)
+        }
+    };
+    let ms = start.elapsed().as_millis();
+    assert_eq!(err, Error::PeerDied { rank: 2 }, "rank {me}");
+    assert!(ms < 10_000, "detection took {ms} ms");
+    println!("rank {me} detected {err:?} in {what} after {ms} ms: {err}");
+    // Every later blocking call fails too.
+    assert_eq!(com.barrier(), Err(Error::PeerDied { rank: 2 }));
+}
+
+/// Rank 1 panics; the others, in a barrier, get `PeerDied { rank: 1 }`.
+fn scenario_panic<C: Communicator>(com: &C) {
+    let me = com.rank();
+    com.barrier().unwrap();
+    if me == 1 {
+        panic!("rank 1 panics on purpose");
+    }
+    let err = com.barrier().unwrap_err();
+    assert_eq!(err, Error::PeerDied { rank: 1 });
+    println!("rank {me} detected {err:?}");
+}
+
+/// The last rank exits normally at once; the others' barrier can never
+/// complete and returns `PeerExited`.
+fn scenario_exit_early<C: Communicator>(com: &C) {
+    let (me, n) = (com.rank(), com.size());
+    if me == n - 1 {
+        std::process::exit(0);
+    }
+    let err = com.barrier().unwrap_err();
+    assert_eq!(err, Error::PeerExited { rank: n - 1 });
+    let err2 = com.recv(Source::Rank(n - 1), 1).unwrap_err();
+    assert_eq!(err2, Error::PeerExited { rank: n - 1 });
+    println!("rank {me} detected {err:?}");
+}
+
+/// Everyone waits for a message nobody sends.
+fn scenario_block_forever<C: Communicator>(com: &C) {
+    com.barrier().unwrap();
+    println!("rank {} blocking", com.rank());
+    let r = com.recv(Source::Any, 99);
+    panic!("recv returned {r:?}");
+}
+
+/// Runs `scenario` as a job of `n` processes started by the library
+/// launcher (this test binary relaunching itself).
+fn job(scenario: &str, n: usize) -> JobRun {
+    job_with(scenario, n, &[], |_, _| true)
+}
+
+fn job_with(
+    scenario: &str,
+    n: usize,
+    env: &[(&str, &str)],
+    during: impl FnMut(u32, &str) -> bool,
+) -> JobRun {
+    let mut cmd = clean_cmd(std::env::current_exe().unwrap());
+    entry_args(&mut cmd);
+    cmd.env(SCENARIO, scenario)
+        .env("MENPS_NPROCS", n.to_string());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    drive(cmd, &new_tag(scenario), during)
+}
+
+#[test]
+fn rma_put_get_all_sizes_2_3_4_procs() {
+    for n in [2, 3, 4] {
+        let run = job("rma", n);
+        assert_ok(&run, n, "rma ok");
+    }
+}
+
+#[test]
+fn fetch_add_4_procs_exact_total() {
+    let run = job("fetch_add", 4);
+    assert_ok(&run, 4, "fetch_add ok, total 40000");
+}
+
+#[test]
+fn cas_spinlock_counter_3_and_4_procs() {
+    for n in [3, 4] {
+        let run = job("cas_lock", n);
+        assert_ok(
+            &run,
+            n,
+            &format!("cas_lock ok, total {}", n as u64 * LOCK_ITERS),
+        );
+    }
+}
+
+#[test]
+fn p2p_tags_and_ordering_2_3_4_procs() {
+    for n in [2, 3, 4] {
+        let run = job("p2p", n);
+        assert_ok(&run, n, "p2p ok");
+    }
+}
+
+#[test]
+fn collectives_2_3_4_procs() {
+    for n in [2, 3, 4] {
+        let run = job("coll", n);
+        assert_ok(&run, n, "coll ok");
+    }
+}
+
+#[test]
+fn identical_addresses_in_every_process() {
+    let run = job("addresses", 3);
+    assert_ok(&run, 3, "addresses identical");
+}
+
+#[test]
+fn user_level_threads_wait_without_blocking_others() {
+    let run = job("ult", 3);
+    assert_ok(&run, 3, "ult ok");
+}
+
+#[test]
+fn kill9_is_detected_by_every_other_process() {
+    let run = job("kill9", 4);
+    assert_eq!(
+        run.code(),
+        Some(128 + 9),
+        "job must exit 137: {}",
+        run.dump()
+    );
+    for r in [0, 1, 3] {
+        let want = format!("rank {r} detected PeerDied {{ rank: 2 }}");
+        assert!(
+            run.stdout.contains(&want),
+            "missing {want:?}: {}",
+            run.dump()
+        );
+    }
+    assert!(
+        run.stderr.contains("menps: rank 2 (pid") && run.stderr.contains("signal 9 (SIGKILL)"),
+        "launcher message: {}",
+        run.dump()
+    );
+    assert!(run.elapsed < Duration::from_secs(10), "{}", run.dump());
+}
+
+#[test]
+fn panic_is_detected_and_fails_the_job() {
+    let run = job("panic", 3);
+    assert_eq!(run.code(), Some(101), "{}", run.dump());
+    for r in [0, 2] {
+        let want = format!("rank {r} detected PeerDied {{ rank: 1 }}");
+        assert!(
+            run.stdout.contains(&want),
+            "missing {want:?}: {}",
+            run.dump()
+        );
+    }
+    assert!(run.stderr.contains("menps: rank 1 (pid"), "{}", run.dump());
+    assert!(
+        run.stderr.contains("exited with status 101"),
+        "{}",
+        run.dump()
+    );
+}
+
+#[test]
+fn early_normal_exit_gives_peer_exited() {
+    let run = job("exit_early", 3);
+    for r in [0, 1] {
+        let want = format!("rank {r} detected PeerExited {{ rank: 2 }}");
+        assert!(
+            run.stdout.contains(&want),
+            "missing {want:?}: {}",
+            run.dump()
+        );
+    }
+}
+
+#[test]
+fn job_timeout_kills_a_hung_job() {
+    let run = job_with(
+        "block_forever",
+        2,
+        &[("MENPS_TIMEOUT_SECS", "1.5")],
+        |_, _| true,
+    );
+    assert_eq!(run.code(), Some(124), "{}", run.dump());
+    assert!(run.stderr.contains("time limit"), "{}", run.dump());
+    assert!(run.elapsed < Duration::from_secs(8), "{}", run.dump());
+}
+
+#[test]
+fn killing_the_launcher_takes_every_process_down() {
+    let run = job_with("block_forever", 3, &[], |launcher, out| {
+        if out.matches("blocking").count() == 3 {
+            // SAFETY: killing the launcher we started.
+            unsafe { libc::kill(launcher as i32, libc::SIGKILL) };
+            true
+        } else {
+            false
+        }
+    });
+    // The launcher died by SIGKILL; `drive` checked no process is left.
+    assert_eq!(run.status.signal(), Some(libc::SIGKILL), "{}", run.dump());
+}
+
+/// CPU seconds used so far by all threads of process `pid` (scheduler
+/// statistics, nanosecond resolution).
+fn cpu_secs(pid: u32) -> f64 {
+    let mut ns = 0u64;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let s = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+            ns += s
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    ns as f64 / 1e9
+}
+
+#[test]
+fn idle_waiting_does_not_burn_cpu() {
+    let tag = new_tag("idle");
+    let mut cmd = clean_cmd(std::env::current_exe().unwrap());
+    entry_args(&mut cmd);
+    cmd.env(SCENARIO, "block_forever").env("MENPS_NPROCS", "4");
+    let mut phase: Option<(Instant, Vec<(u32, f64)>)> = None;
+    let mut used = None;
+    let run = drive(cmd, &tag, |launcher, out| {
+        if out.matches("blocking").count() < 4 {
+            return false;
+        }
+        match &phase {
+            None => {
+                let ranks: Vec<u32> = processes_tagged(&tag)
+                    .into_iter()
+                    .filter(|&p| p != launcher)
+                    .collect();
+                phase = Some((
+                    Instant::now(),
+                    ranks.iter().map(|&p| (p, cpu_secs(p))).collect(),
+                ));
+                false
+            }
+            Some((t0, before)) if t0.elapsed() >= Duration::from_secs(2) => {
+                let cpu: f64 = before.iter().map(|&(p, c)| cpu_secs(p) - c).sum();
+                used = Some((cpu, t0.elapsed().as_secs_f64(), before.len()));
+                // SAFETY: killing the launcher we started.
+                unsafe { libc::kill(launcher as i32, libc::SIGKILL) };
+                true
+            }
+            Some(_) => false,
+        }
+    });
+    let (cpu, wall, ranks) = used.unwrap_or_else(|| panic!("never measured: {}", run.dump()));
+    assert_eq!(ranks, 4, "{}", run.dump());
+    // 4 processes blocked in recv for 2 s: well under 5 % of one core each.
+    assert!(
+        cpu < 0.05 * wall * 4.0,
+        "idle ranks used {cpu:.3} s CPU in {wall:.1} s"
+    );
+    eprintln!("idle ranks used {cpu:.3} s CPU in {wall:.1} s");
+}
+
+#[test]
+fn menps_binary_runs_and_prefixes_output() {
+    let menps = env!("CARGO_BIN_EXE_menps");
+    let exe = std::env::current_exe().unwrap();
+
+    let mut cmd = clean_cmd(menps);
+    cmd.args(["run", "-n", "3", "--prefix-output", "--"])
+        .arg(&exe);
+    entry_args(&mut cmd);
+    cmd.env(SCENARIO, "hello");
+    let run = drive(cmd, &new_tag("menps-hello"), |_, _| true);
+    assert!(run.status.success(), "{}", run.dump());
+    for r in 0..3 {
+        let want = format!("[rank {r}] hello {r} of 3");
+        assert!(
+            run.stdout.lines().any(|l| l == want),
+            "missing {want:?}: {}",
+            run.dump()
+        );
+    }
+
+    let mut cmd = clean_cmd(menps);
+    cmd.args([
+        "run",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "echo rank=$MENPS_RANK size=$MENPS_SIZE",
+    ]);
+    let run = drive(cmd, &new_tag("menps-sh"), |_, _| true);
+    assert!(run.status.success(), "{}", run.dump());
+    for r in 0..2 {
+        assert!(
+            run.stdout.contains(&format!("rank={r} size=2")),
+            "{}",
+            run.dump()
+        );
+    }
+
+    let mut cmd = clean_cmd(menps);
+    cmd.args(["run", "-n", "2", "--grace-ms", "200", "--", "sh", "-c"])
+        .arg("if [ $MENPS_RANK = 1 ]; then exit 3; fi; sleep 30");
+    let run = drive(cmd, &new_tag("menps-fail"), |_, _| true);
+    assert_eq!(run.code(), Some(3), "{}", run.dump());
+    assert!(run.stderr.contains("rank 1") && run.stderr.contains("exited with status 3"));
+    assert!(
+        run.stderr.contains("killing the 1 remaining"),
+        "{}",
+        run.dump()
+    );
+    assert!(run.elapsed < Duration::from_secs(10), "{}", run.dump());
+
+    for bad in [
+        &["run", "-n", "0", "--", "true"][..],
+        &["run", "-n", "2"],
+        &["frobnicate"],
+    ] {
+        let out = Command::new(menps).args(bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("usage: menps run"),
+            "{bad:?}"
+        );
+    }
+    let out = Command::new(menps).arg("--help").output().unwrap();
+    assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("MENPS_NPROCS"));
+}
