@@ -37,33 +37,36 @@ use ct_sync::SpinLock;
 use ct_worker::Runtime;
 
 const HELP: &str = "\
-offload [--requesters 1,2,4,8] [--workers 1,2] [--runs 7] [--batch 256]
-        [--msgs 24000] [--round-trips 1500] [--post-ns 300] [--poll-ns 300]
-        [--latency-ns 2000] [--depth 4096] [--queue 1024]
-        [--metrics latency,rate] [--methods direct-completer,direct-selfpoll,static,dynamic]
-        [--quick]
+offload [--requesters 1,2,4,8] [--workers 1,2] [--runs 7] [--run-ms 25]
+        [--batch 256] [--post-ns 300] [--poll-ns 300] [--latency-ns 2000]
+        [--depth 4096] [--queue 1024] [--metrics latency,rate]
+        [--methods direct-completer,direct-selfpoll,static,dynamic] [--quick]
 
 Requests from N requester user-level threads to an emulated non-thread-safe
 device (post and poll busy-wait --post-ns / --poll-ns; a command completes
 --latency-ns after its post; at most --depth commands in flight), on a
-ct-worker runtime with 1 and 2 workers. Methods, measured interleaved in the
-same run: direct-completer (requesters post under a spinlock, an OS thread
-polls), direct-selfpoll (requesters post and poll under the spinlock),
-static (a dedicated OS thread posts from a queue and polls), dynamic
-(ct_delegate::Offloader, executor and completer ULTs spawned on demand).
-
-  latency, overhead  Listing 4.6: each requester posts one request and waits
-                     for its callback, --round-trips times; ns per request from
-                     submit to callback (latency) and for the submit (overhead).
+ct-worker runtime with 1 and 2 workers. Methods, interleaved run by run:
+  direct-completer  requesters post under a spinlock; a completer OS thread
+                    polls under it (the seed's direct injection);
+  direct-selfpoll   requesters post, and poll while they wait, under the
+                    spinlock (no extra thread);
+  static            a dedicated, always-awake OS thread takes commands from a
+                    bounded queue (--queue), posts them and polls;
+  dynamic           ct_delegate::Offloader (command queue of --queue entries):
+                    executor and completer ULTs spawned on demand.
+Metrics (each run lasts --run-ms, plus the wait for outstanding requests):
+  latency, overhead  Listing 4.6: each requester submits one request and waits
+                     for its callback, repeatedly; ns per request from submit to
+                     callback (latency) and for the submit alone (overhead);
   rate               Listing 4.7: each requester keeps up to --batch requests
-                     in flight; --msgs requests in all; million messages/s.
-
-Each figure: one warm-up, then --runs runs (min/median/max); ratio lines
-(impl dynamic/direct-*, unit ratio) are per-run paired ratios. --quick: 5 runs
-and a third of the work. Defaults (the seed's batch 256, 1..8 requesters)
-take about 20 s on a 2-core machine. Exits non-zero if a command is lost,
-duplicated, or the device is used concurrently. Target (issue 5): with >= 4
-requesters, dynamic >= 2x the message rate of direct injection.";
+                     in flight; completed requests per second (Mmsg/s).
+Each figure: one warm-up, then --runs runs (min/median/max). Lines with impl
+dynamic/direct-* (unit ratio) are per-run paired ratios. --quick: 5 runs of
+10 ms. The defaults (the seed's batch of 256, 1..8 requesters, 1 and 2
+workers) take about 15 s on a 2-core machine. Exits non-zero if a request is
+lost or duplicated, or the device is used by two threads at once.
+Target (issue 5): with >= 4 requesters, dynamic >= 2x the message rate of
+direct injection.";
 
 /// Parameters of the emulated device.
 #[derive(Debug, Clone, Copy)]
@@ -131,10 +134,11 @@ impl Device for EmuDevice {
 
     fn post(&mut self, cmd: u64, tag: Tag) -> Result<(), u64> {
         self.enter();
-        busy(self.p.post);
+        // A full device refuses at once (like a full send queue).
         let r = if self.pending.len() >= self.p.depth {
             Err(cmd)
         } else {
+            busy(self.p.post);
             self.pending
                 .push_back((tag, Instant::now() + self.p.latency));
             self.posted += 1;
@@ -514,82 +518,96 @@ struct Cfg {
     p: DevParams,
     queue: usize,
     batch: u64,
-    msgs: u64,
-    round_trips: u64,
+    /// How long requesters keep submitting in one run.
+    run_time: Duration,
 }
 
-/// Listing 4.6 for requester `r`: `n` times, submit one request and wait for
-/// its callback. Returns the summed latency and overhead in ns.
-fn latency_requester(chan: &Chan, r: u64, n: u64) -> (f64, f64) {
+/// What one requester did in a run.
+#[derive(Default)]
+struct Done {
+    /// Requests submitted (and completed).
+    count: u64,
+    /// Summed latency and overhead, ns (latency runs).
+    lat: u128,
+    ovh: u128,
+}
+
+/// Command value `i` of requester `r` (distinct over the run).
+fn command(r: u64, i: u64) -> u64 {
+    (r << 32) | i
+}
+
+/// Listing 4.6 for requester `r`: until `end`, submit one request and wait
+/// for its callback.
+fn latency_requester(chan: &Chan, r: u64, end: Instant) -> Done {
     let flag = Arc::new(AtomicBool::new(false));
-    let (mut lat, mut ovh) = (0u128, 0u128);
-    for i in 0..n {
+    let mut d = Done::default();
+    loop {
         flag.store(false, Ordering::Relaxed);
         let f = flag.clone();
         let t0 = Instant::now();
-        chan.submit(r * n + i, move || f.store(true, Ordering::Release));
+        chan.submit(command(r, d.count), move || {
+            f.store(true, Ordering::Release)
+        });
         let t1 = Instant::now();
         while !flag.load(Ordering::Acquire) {
             chan.wait_step();
         }
         let t2 = Instant::now();
-        lat += (t2 - t0).as_nanos();
-        ovh += (t1 - t0).as_nanos();
+        d.count += 1;
+        d.lat += (t2 - t0).as_nanos();
+        d.ovh += (t1 - t0).as_nanos();
+        if t2 >= end {
+            return d;
+        }
     }
-    (lat as f64, ovh as f64)
 }
 
-/// Listing 4.7 for requester `r`: submit `n` requests, keeping at most
-/// `batch` incomplete, then wait for all.
-fn rate_requester(chan: &Chan, r: u64, n: u64, batch: u64) {
-    let count = Arc::new(AtomicU64::new(0));
-    for i in 0..n {
-        while i - count.load(Ordering::Acquire) >= batch {
+/// Listing 4.7 for requester `r`: until `end`, submit requests, keeping at
+/// most `batch` incomplete; then wait for all.
+fn rate_requester(chan: &Chan, r: u64, batch: u64, end: Instant) -> Done {
+    let completed = Arc::new(AtomicU64::new(0));
+    let mut n = 0u64;
+    // Look at the clock once per 16 requests.
+    while !n.is_multiple_of(16) || Instant::now() < end {
+        while n - completed.load(Ordering::Acquire) >= batch {
             chan.wait_step();
         }
-        let c = count.clone();
-        chan.submit(r * n + i, move || {
+        let c = completed.clone();
+        chan.submit(command(r, n), move || {
             c.fetch_add(1, Ordering::Release);
         });
+        n += 1;
     }
-    while count.load(Ordering::Acquire) < n {
+    while completed.load(Ordering::Acquire) < n {
         chan.wait_step();
     }
-    if count.load(Ordering::Acquire) != n {
+    if completed.load(Ordering::Acquire) != n {
         fail("a callback ran twice");
+    }
+    Done {
+        count: n,
+        ..Done::default()
     }
 }
 
 fn run_once(rt: &Runtime, m: Method, metric: Metric, requesters: usize, cfg: &Cfg) -> Sample {
     let setup = Setup::new(m, cfg.p, cfg.queue);
-    let rq = requesters as u64;
-    let per = match metric {
-        Metric::Latency => cfg.round_trips,
-        Metric::Rate => (cfg.msgs / rq).max(1),
-    };
-    let total = per * rq;
     let chan = setup.chan.clone();
-    let batch = cfg.batch;
-    let (elapsed, lat, ovh) = rt.block_on(move || {
+    let (batch, run_time) = (cfg.batch, cfg.run_time);
+    let (elapsed, done) = rt.block_on(move || {
         let t = Instant::now();
-        let hs: Vec<_> = (0..rq)
+        let end = t + run_time;
+        let hs: Vec<_> = (0..requesters as u64)
             .map(|r| {
                 let chan = chan.clone();
                 ct_worker::spawn(move || match metric {
-                    Metric::Latency => latency_requester(&chan, r, per),
-                    Metric::Rate => {
-                        rate_requester(&chan, r, per, batch);
-                        (0.0, 0.0)
-                    }
+                    Metric::Latency => latency_requester(&chan, r, end),
+                    Metric::Rate => rate_requester(&chan, r, batch, end),
                 })
             })
             .collect();
-        let (mut lat, mut ovh) = (0.0, 0.0);
-        for h in hs {
-            let (l, o) = h.join();
-            lat += l;
-            ovh += o;
-        }
+        let done: Vec<Done> = hs.into_iter().map(|h| h.join()).collect();
         let elapsed = t.elapsed().as_secs_f64();
         // Let the dynamic offloader's threads exit before the checks.
         if let Chan::Dynamic(off) = &*chan {
@@ -597,33 +615,35 @@ fn run_once(rt: &Runtime, m: Method, metric: Metric, requesters: usize, cfg: &Cf
                 ct_worker::yield_now();
             }
         }
-        (elapsed, lat, ovh)
+        (elapsed, done)
     });
-    // Sum of r * per + i over all requesters and requests: 0 + 1 + ... + total-1.
-    let sum = if total == 0 {
-        0
-    } else {
-        (total as u128 * (total as u128 - 1) / 2) as u64
-    };
+    let total: u64 = done.iter().map(|d| d.count).sum();
+    // The device's checksum: the sum of every command value submitted.
+    let sum = done.iter().enumerate().fold(0u64, |acc, (r, d)| {
+        let n = d.count;
+        acc.wrapping_add(command(r as u64, 0).wrapping_mul(n))
+            .wrapping_add(n * n.saturating_sub(1) / 2)
+    });
     let (polls, spawns) = setup.finish(total, sum);
     PROGRESS.fetch_add(1, Ordering::Relaxed);
-    match metric {
-        Metric::Latency => Sample {
-            value: lat / total as f64,
-            overhead: ovh / total as f64,
-            spawns,
-            polls,
-            requests: total,
+    let (lat, ovh): (u128, u128) = done
+        .iter()
+        .map(|d| (d.lat, d.ovh))
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    Sample {
+        value: match metric {
+            Metric::Latency => lat as f64 / total as f64,
+            Metric::Rate => total as f64 / elapsed / 1e6,
         },
-        Metric::Rate => Sample {
-            value: total as f64 / elapsed / 1e6,
-            overhead: 0.0,
-            spawns,
-            polls,
-            requests: total,
-        },
+        overhead: ovh as f64 / total as f64,
+        spawns,
+        polls,
+        requests: total,
     }
 }
+
+/// A reported figure: metric name, unit, and how to get it from a sample.
+type Figure = (&'static str, &'static str, fn(&Sample) -> f64);
 
 /// Measures every method in `methods` for one configuration, interleaved
 /// run by run (run 0 is the warm-up), prints the JSON lines, and returns
@@ -659,15 +679,16 @@ fn measure(
             ("post_ns", (cfg.p.post.as_nanos() as u64).into()),
             ("poll_ns", (cfg.p.poll.as_nanos() as u64).into()),
             ("latency_ns", (cfg.p.latency.as_nanos() as u64).into()),
+            ("run_ms", (cfg.run_time.as_millis() as u64).into()),
         ]);
         v
     };
-    let value = |s: &Sample| s.value;
-    let overhead = |s: &Sample| s.overhead;
     // (metric name, unit, figure) triples this configuration reports.
-    let figures: Vec<(&str, &str, &dyn Fn(&Sample) -> f64)> = match metric {
-        Metric::Latency => vec![("latency", "ns", &value), ("overhead", "ns", &overhead)],
-        Metric::Rate => vec![("rate", "Mmsg/s", &value)],
+    let value: fn(&Sample) -> f64 = |s| s.value;
+    let overhead: fn(&Sample) -> f64 = |s| s.overhead;
+    let figures: Vec<Figure> = match metric {
+        Metric::Latency => vec![("latency", "ns", value), ("overhead", "ns", overhead)],
+        Metric::Rate => vec![("rate", "Mmsg/s", value)],
     };
     for (i, m) in methods.iter().enumerate() {
         for &(name, unit, f) in &figures {
@@ -731,7 +752,6 @@ fn main() {
     let requesters: Vec<usize> = args.list("requesters", &[1, 2, 4, 8]);
     let workers: Vec<usize> = args.list("workers", &[1, 2]);
     let runs: usize = args.get("runs", if quick { 5 } else { 7 });
-    let div = if quick { 3 } else { 1 };
     let cfg = Cfg {
         p: DevParams {
             post: Duration::from_nanos(args.get("post-ns", 300)),
@@ -741,8 +761,7 @@ fn main() {
         },
         queue: args.get("queue", 1024),
         batch: args.get("batch", 256),
-        msgs: args.get("msgs", 24_000 / div),
-        round_trips: args.get("round-trips", 1500 / div),
+        run_time: Duration::from_millis(args.get("run-ms", if quick { 10 } else { 25 })),
     };
     let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let metrics: Vec<Metric> = args

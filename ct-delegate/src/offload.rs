@@ -17,8 +17,15 @@
 //!
 //! The device itself is behind a spinlock: its `post` and `poll` are not
 //! thread-safe, and the executor and completer may run on different workers.
+//! Each of them makes up to [`BATCH`] device calls per hold of the lock, so
+//! that the lock and the device state change cores once per batch, and
+//! yields (rather than spins) while the other one holds it.
+//!
 //! Executors and completers are threads of the threading interface `U` —
-//! user-level threads by default, so an idle offloader costs nothing.
+//! user-level threads by default, so an idle offloader costs nothing. Spawns
+//! are work-first (the child runs at once), so a new executor or completer
+//! first yields: the requester returns from [`Offloader::submit`] at once, as
+//! with the seed's parent-first spawn, and the executor then finds a batch.
 
 use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
@@ -341,7 +348,8 @@ impl<D: Device, U: UltItf> Offloader<D, U> {
             for cb in &mut done[..n] {
                 (cb.take().expect("filled above"))();
             }
-            // Every polled command was counted before it was posted.
+            // The executor counts what it posts in the same lock hold, and
+            // only we decrease the count, so `n` never exceeds it.
             if self.in_flight.fetch_sub(n, Ordering::AcqRel) == n {
                 return;
             }

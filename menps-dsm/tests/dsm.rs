@@ -24,6 +24,9 @@ fn job_entry() {
     let Ok(name) = std::env::var(SCENARIO) else {
         return;
     };
+    if name == "ult_faults" {
+        return ult_faults();
+    }
     let com: ShmCom<OsThreads> = menps_dsm::launch::Builder::new()
         .nprocs(2)
         .grace(std::time::Duration::from_secs(3))
@@ -45,6 +48,7 @@ fn job_entry() {
         "single_writer" => single_writer(&dsm),
         "race" => race(&dsm),
         "single_writer_mutex" => single_writer_mutex(&dsm),
+        "pinned_stack" => pinned_stack(&dsm),
         other => panic!("unknown scenario {other}"),
     }
     if std::env::var_os("MENPS_TEST_STATS").is_some() {
@@ -290,6 +294,135 @@ fn single_writer_mutex(dsm: &D) {
     dsm.barrier().unwrap();
 }
 
+/// 32 user-level threads per process on 2 workers write and read DSM blocks
+/// they share with each other: faults resolve on the faulting ULT's stack,
+/// park it while another ULT holds the block, and resume it — possibly on
+/// the other worker.
+fn ult_faults() {
+    use ct_worker::Ult;
+    let com: ShmCom<Ult> = menps_dsm::launch::Builder::new()
+        .nprocs(2)
+        .init_or_relaunch()
+        .unwrap_or_else(|e| {
+            eprintln!("cannot join the job: {e}");
+            std::process::exit(3)
+        });
+    let rt = ct_worker::Runtime::builder().workers(2).build().unwrap();
+    rt.block_on(move || {
+        let dsm = Dsm::<ShmCom<Ult>, Ult>::new(com).unwrap();
+        let (me, n) = (dsm.rank(), dsm.nprocs());
+        let ults = 32;
+        let bytes = 512 * 1024;
+        let seg = dsm.alloc_segment(bytes, 4096).unwrap() as usize;
+        let words = bytes / 8;
+        let per_proc = words / n;
+        let value = |p: usize, i: usize| ((p as u64) << 40) | i as u64;
+        for round in 0..3usize {
+            // Each ULT writes every `ults`-th word of this process's part:
+            // all ULTs share all of its blocks.
+            ct_worker::scope(|s| {
+                for t in 0..ults {
+                    s.spawn(move || {
+                        let p = seg as *mut u64;
+                        for i in (me * per_proc + t..(me + 1) * per_proc).step_by(ults) {
+                            // SAFETY: word i belongs to this process and ULT.
+                            unsafe { p.add(i).write(value(me, i) + round as u64) };
+                        }
+                    });
+                }
+            });
+            dsm.barrier().unwrap();
+            ct_worker::scope(|s| {
+                for t in 0..ults {
+                    s.spawn(move || {
+                        let p = seg as *const u64;
+                        for i in (t..n * per_proc).step_by(ults) {
+                            // SAFETY: written before the barrier.
+                            let v = unsafe { p.add(i).read() };
+                            assert_eq!(v, value(i / per_proc, i) + round as u64, "word {i}");
+                        }
+                    });
+                }
+            });
+            dsm.barrier().unwrap();
+        }
+        println!("rank {me}: ok");
+        dsm.finalize().unwrap();
+    });
+}
+
+/// A coroutine runs on a call stack inside the DSM, pinned while it runs:
+/// its frames are never protected, faults on other blocks resolve on it, and
+/// a barrier inside it refreshes its own (pinned) blocks in place. While it
+/// is suspended, its stack is unpinned and released, and another process
+/// reads an array that lives in its frame.
+fn pinned_stack(dsm: &D) {
+    use ct_context::{Coroutine, RawStack};
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let stack_bytes = 256 * 1024;
+    let stacks = dsm.alloc_segment(stack_bytes * n, 4096).unwrap();
+    let data = dsm.alloc_segment(64 * 1024, 4096).unwrap() as *mut u64;
+    // SAFETY: inside the segment; word 0 .. n: where each process's array is.
+    let slots = data;
+    // SAFETY: this process's stack, used by nobody else.
+    let mine = unsafe { stacks.add(me * stack_bytes) };
+    dsm.pin(mine, stack_bytes).unwrap();
+    // SAFETY: the range is DSM memory reserved for this coroutine's stack,
+    // pinned (always writable) while the coroutine runs.
+    let stack = unsafe { RawStack::new(mine, stack_bytes) }.unwrap();
+    let d = dsm as *const D as usize;
+    let slots_addr = slots as usize;
+    let mut co: Coroutine<(), (), u64, RawStack> = Coroutine::with_stack(stack, move |y, ()| {
+        // SAFETY: the Dsm outlives the coroutine (it is dropped below).
+        let dsm = unsafe { &*(d as *const D) };
+        let slots = slots_addr as *mut u64;
+        let mut local = [0u64; 512];
+        for (i, x) in local.iter_mut().enumerate() {
+            *x = (me as u64 + 1) * 1000 + i as u64;
+        }
+        // Faults on another segment's blocks, resolved on this stack.
+        // SAFETY: word `me` of the slots belongs to this process.
+        unsafe { slots.add(me).write(local.as_ptr() as u64) };
+        // A barrier while pinned: acquires refresh the pinned blocks in
+        // place.
+        dsm.barrier().unwrap();
+        assert_eq!(
+            dsm.block_state(local.as_ptr() as *const u8),
+            Some(menps_dsm::dsm::BlockState::Pinned)
+        );
+        y.suspend(());
+        // Resumed: the array is intact.
+        local.iter().sum::<u64>()
+    })
+    .unwrap();
+    co.resume(());
+    // Suspended: unpin the stack, so the next release publishes it.
+    dsm.unpin(mine, stack_bytes).unwrap();
+    dsm.barrier().unwrap();
+    // Everybody reads everybody's array, which lives on a DSM stack.
+    for p in 0..n {
+        // SAFETY: written before the barrier.
+        let arr = unsafe { slots.add(p).read() } as *const u64;
+        for i in (0..512).step_by(37) {
+            // SAFETY: the array is in process p's suspended coroutine's frame
+            // (DSM memory), written before the barrier.
+            let v = unsafe { arr.add(i).read() };
+            assert_eq!(v, (p as u64 + 1) * 1000 + i as u64, "array of process {p}");
+        }
+    }
+    dsm.barrier().unwrap();
+    dsm.pin(mine, stack_bytes).unwrap();
+    let sum = match co.resume(()) {
+        ct_context::CoroutineResult::Return(s) => s,
+        _ => panic!("the coroutine should have finished"),
+    };
+    let want: u64 = (0..512).map(|i| (me as u64 + 1) * 1000 + i).sum();
+    assert_eq!(sum, want);
+    dsm.unpin(mine, stack_bytes).unwrap();
+    drop(co);
+    dsm.barrier().unwrap();
+}
+
 /// Offset of the byte the race scenario writes: in block 2, whose fixed
 /// home is process 2 (with 3 processes), so that under both writer
 /// policies the racing writers merge into a third copy.
@@ -399,6 +532,20 @@ fn single_writer_never_stale_all_policies() {
 #[test]
 fn single_writer_through_mutex_never_stale_all_policies() {
     run_everywhere("single_writer_mutex", &[2, 3]);
+}
+
+#[test]
+fn user_level_threads_fault_park_and_migrate() {
+    for &pol in &POLICIES[..2] {
+        let run = job("ult_faults", 2, pol);
+        assert!(run.status.success(), "{pol:?}: {}", run.dump());
+        assert!(run.stdout.contains("rank 1: ok"), "{}", run.dump());
+    }
+}
+
+#[test]
+fn pinned_stack_in_dsm_all_policies() {
+    run_everywhere("pinned_stack", &[2, 3]);
 }
 
 #[test]

@@ -27,6 +27,8 @@ pub mod any;
 pub mod error;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(any(feature = "mpi", feature = "verbs"))]
+pub(crate) mod outcome;
 pub mod ptr;
 pub mod request;
 pub mod shm;

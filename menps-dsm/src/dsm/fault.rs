@@ -137,6 +137,14 @@ struct FaultCall {
     uc: *mut libc::ucontext_t,
 }
 
+/// Writes `v` as 16 hex digits into `out` (async-signal-safe).
+fn write_hex(out: &mut [u8], v: usize) {
+    for (i, b) in out.iter_mut().enumerate().take(16) {
+        let d = (v >> (60 - 4 * i)) & 0xf;
+        *b = b"0123456789abcdef"[d];
+    }
+}
+
 fn write_stderr(msg: &[u8]) {
     // SAFETY: write(2) on fd 2 with a valid buffer is async-signal-safe.
     unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
@@ -154,6 +162,11 @@ unsafe fn hook(_sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as usize;
     if !resolver.owns(addr) {
+        if super::layout::in_dsm_range(addr) {
+            let mut buf = *b"menps-dsm: segmentation fault at 0x0000000000000000, inside the DSM range but in no segment\n";
+            write_hex(&mut buf[35..51], addr);
+            write_stderr(&buf);
+        }
         return false;
     }
     if !is_enabled_on_this_thread() {
@@ -175,14 +188,31 @@ unsafe fn hook(_sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c
     };
     let write = err & 2 != 0;
 
-    // Where the copy goes: below the red zone of the faulting stack — or
-    // below this handler's own frame if the kernel delivered the signal on
-    // the faulting stack itself (a thread without an alternate stack).
+    // Where the copy goes: below the red zone of the faulting stack when
+    // this handler runs on the alternate stack; below this handler's own
+    // frame if the kernel delivered the signal on the faulting stack itself
+    // (a thread without an alternate stack).
     let here = &addr as *const usize as usize;
-    let mut top = fault_sp - RED_ZONE;
-    if here < fault_sp && fault_sp - here < (1 << 20) {
-        top = here - 4096;
+    // SAFETY: querying the alternate stack is async-signal-safe.
+    let ss = unsafe {
+        let mut ss: libc::stack_t = core::mem::zeroed();
+        libc::sigaltstack(core::ptr::null(), &mut ss);
+        ss
+    };
+    let on_alt = ss.ss_flags & libc::SS_ONSTACK != 0;
+    let alt = ss.ss_sp as usize..ss.ss_sp as usize + ss.ss_size;
+    if on_alt && alt.contains(&fault_sp) {
+        write_stderr(
+            b"menps-dsm: fatal: DSM access from a signal handler running on the alternate \
+              signal stack\n",
+        );
+        return false;
     }
+    let top = if on_alt {
+        fault_sp - RED_ZONE
+    } else {
+        (fault_sp - RED_ZONE).min(here - 4096)
+    };
     // SAFETY: `uc` and the FPU area it points to are the kernel's frame,
     // readable; the destination lies below everything live on the faulting
     // stack (red zone or this handler's frame), inside the stack's mapping

@@ -167,7 +167,8 @@ impl Signature {
             .sort_unstable_by(|a, b| a.block().cmp(&b.block()).then(b.wr_ts.cmp(&a.wr_ts)));
         self.wns
             .dedup_by(|later, first| later.block() == first.block());
-        self.wns.sort_unstable_by_key(|w| core::cmp::Reverse(w.wr_ts));
+        self.wns
+            .sort_unstable_by_key(|w| core::cmp::Reverse(w.wr_ts));
         if self.wns.len() > self.capacity {
             for wn in &self.wns[self.capacity..] {
                 self.min_wr_ts = self.min_wr_ts.max(wn.wr_ts);

@@ -669,36 +669,40 @@ impl<C: Communicator, U: UltItf> Space<C, U> {
             self.stats.bytes_fetched.fetch_add(bs, Ordering::Relaxed);
             if fixed {
                 if dirty {
+                    // Take in the home's changes (only words the home's
+                    // version changed are rewritten: a pinned stack's live
+                    // words stay), then send our changed bytes to the home's
+                    // copy and twin (the twin too, so the home does not take
+                    // them for its own changes).
                     let mut runs = Vec::new();
                     diff::changed_runs(data, twin, &mut runs);
-                    let merged = diff::apply_changes(&mut tmp.buf, data, twin, detect)
+                    diff::read_merge(data, twin, &tmp.buf, detect)
                         .map_err(|r| self.race(seg, idx, r, home))?;
-                    written = merged.local_changes;
-                    // Our changed bytes go to the home's copy and twin
-                    // (the twin too, so the home does not take them for its
-                    // own changes).
-                    let src = tmp.bytes();
+                    written = !runs.is_empty();
+                    // SAFETY: byte views reborrowed from the word views (same
+                    // memory, `bs` bytes each).
+                    let (dbytes, tbytes) = unsafe {
+                        (
+                            core::slice::from_raw_parts(data.as_ptr().cast::<u8>(), bs),
+                            core::slice::from_raw_parts_mut(twin.as_mut_ptr().cast::<u8>(), bs),
+                        )
+                    };
+                    // Each run is copied once and the copy sent: a pinned
+                    // stack may change while we send (our own frames live
+                    // there), and the home's copy, its twin and our twin must
+                    // get the same bytes. Later changes stay in our diff.
+                    let mut snap = Vec::new();
                     for &(o, len) in &runs {
                         let at = off + o as u64;
-                        self.com
-                            .write(seg.data_win.at(home, at), &src[o..o + len])?;
-                        self.com
-                            .write(seg.twin_win.at(home, at), &src[o..o + len])?;
+                        snap.clear();
+                        snap.extend_from_slice(&dbytes[o..o + len]);
+                        self.com.write(seg.data_win.at(home, at), &snap)?;
+                        self.com.write(seg.twin_win.at(home, at), &snap)?;
+                        tbytes[o..o + len].copy_from_slice(&snap);
                     }
-                    copied_back_to = (!runs.is_empty()).then_some(home);
-                }
-                if pinned {
-                    // Rewrite only the words that differ (a pinned stack's
-                    // live words already hold our values).
-                    for (d, &t) in data.iter_mut().zip(tmp.buf.iter()) {
-                        if *d != t {
-                            *d = t;
-                        }
-                    }
-                    twin.copy_from_slice(&tmp.buf);
+                    copied_back_to = written.then_some(home);
                 } else {
                     data.copy_from_slice(&tmp.buf);
-                    twin.copy_from_slice(&tmp.buf);
                 }
             } else {
                 if dirty {

@@ -260,11 +260,16 @@ pub fn scenario_fetch_add<C: Communicator>(com: &C) {
     let seen = std::sync::Arc::new(Mutex::new(Vec::with_capacity(ADDS as usize)));
     for i in 0..ADDS {
         match i % 3 {
-            0 => seen.lock().unwrap().push(com.fetch_add(word, 1).unwrap()),
-            1 => seen
-                .lock()
-                .unwrap()
-                .push(com.fetch_add_nb(word, 1).unwrap().wait().unwrap()),
+            // (The lock is taken after the operation: a callback of an
+            // earlier operation may still need it to complete.)
+            0 => {
+                let v = com.fetch_add(word, 1).unwrap();
+                seen.lock().unwrap().push(v);
+            }
+            1 => {
+                let v = com.fetch_add_nb(word, 1).unwrap().wait().unwrap();
+                seen.lock().unwrap().push(v);
+            }
             _ => {
                 let s = seen.clone();
                 com.fetch_add_nb(word, 1)

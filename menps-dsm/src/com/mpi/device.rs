@@ -13,7 +13,6 @@
 //! The device is only used under the offloader's lock (its `post` and `poll`
 //! never run at the same time), so it needs no synchronisation of its own.
 
-use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::os::raw::c_int;
 use std::sync::Arc;
@@ -22,58 +21,8 @@ use ::mpi::ffi;
 use ct_delegate::{Device, Tag};
 
 use super::raw::{self, Handle};
+pub(crate) use crate::com::outcome::Outcome;
 use crate::com::{Error, Result};
-
-/// Where a command's result goes: the fetched word (atomics) or an error,
-/// plus the origin operands MPI may read until the operation completes.
-pub(crate) struct Outcome {
-    result: UnsafeCell<u64>,
-    origin: UnsafeCell<u64>,
-    compare: UnsafeCell<u64>,
-    error: UnsafeCell<Option<Error>>,
-}
-
-// SAFETY: the cells are written by MPI and by the device only while the
-// command is in flight, under the offloader's device lock; the completion
-// callback reads them after the device reported the command, which happens
-// after that lock was released by the thread that last wrote them (the
-// lock's release/acquire orders the accesses). Nothing touches them
-// concurrently.
-unsafe impl Sync for Outcome {}
-// SAFETY: plain data.
-unsafe impl Send for Outcome {}
-
-impl Outcome {
-    /// A fresh outcome with the atomic operands `origin` (new value or delta)
-    /// and `compare` (expected value).
-    pub(crate) fn new(origin: u64, compare: u64) -> Arc<Self> {
-        Arc::new(Outcome {
-            result: UnsafeCell::new(0),
-            origin: UnsafeCell::new(origin),
-            compare: UnsafeCell::new(compare),
-            error: UnsafeCell::new(None),
-        })
-    }
-
-    fn fail(&self, e: Error) {
-        // SAFETY: called by the device while the command is in flight (see
-        // the `Sync` impl).
-        unsafe { *self.error.get() = Some(e) };
-    }
-
-    /// The result, once the device has reported the command.
-    pub(crate) fn take(&self) -> Result<u64> {
-        // SAFETY: the command was reported, so nothing writes the cells any
-        // more (see the `Sync` impl); the completion callback is the only
-        // reader.
-        unsafe {
-            match (*self.error.get()).take() {
-                Some(e) => Err(e),
-                None => Ok(*self.result.get()),
-            }
-        }
-    }
-}
 
 /// What an RMA command does.
 pub(crate) enum Kind {
@@ -178,7 +127,7 @@ impl RmaDevice {
         kind: &Kind,
         out: &Outcome,
     ) -> Result<Option<ffi::MPI_Request>> {
-        // SAFETY (all arms): the window is live and locked (commands are only
+        // SAFETY: (all arms) the window is live and locked (commands are only
         // built for live windows, and windows are not destroyed while RMA is
         // in flight — `Windows::destroy_window`'s rule); bounds were checked
         // at submission; the user buffers are valid until completion per the
@@ -195,13 +144,13 @@ impl RmaDevice {
                     win,
                     rank,
                     disp,
-                    out.origin.get(),
-                    out.compare.get(),
-                    out.result.get(),
+                    out.origin_ptr(),
+                    out.compare_ptr(),
+                    out.result_ptr(),
                 )
                 .map(|()| None),
                 Kind::FetchAdd => {
-                    raw::fetch_add(win, rank, disp, out.origin.get(), out.result.get())
+                    raw::fetch_add(win, rank, disp, out.origin_ptr(), out.result_ptr())
                         .map(|()| None)
                 }
             }

@@ -1,0 +1,401 @@
+//! DSM benchmarks (`../shared/design/benchmarks.md`): `dsm-barrier`, `read`,
+//! `false-sharing` and `protocol`, on the shm backend with 2 and 4
+//! processes.
+//!
+//! The binary is a driver: it starts one job per process count (and per
+//! protocol variant for `protocol`) by running itself with `MENPS_NPROCS`
+//! and `MENPS_DSM_*` set; rank 0 of each job prints JSON lines.
+
+use std::process::Command;
+
+use ct_bench::{Args, Param, Stats, emit, repeat, time_secs};
+use ct_worker::OsThreads;
+use menps_dsm::com::{Coll, ShmCom};
+use menps_dsm::dsm::Dsm;
+
+const HELP: &str = "\
+dsm [--parts barrier,read,false-sharing,protocol] [--procs 2,4] [--runs 7]
+    [--barriers 2000] [--read-sizes 4096,65536,1048576,16777216]
+    [--read-blocks 32768,4096] [--stripes 8,64,512,4096,32768] [--fs-iters 200]
+    [--protocol-iters 30] [--wn-lists 16,1024]
+
+dsm-barrier    empty DSM barrier (us), with no other DSM memory and with
+               1 GiB of segments allocated; baseline: the comm layer's barrier.
+read           process 0 writes S bytes, barrier, process 1 reads them all
+               (MB/s of the read phase); baseline: memcpy of S bytes.
+false-sharing  every process writes its stripes of one 32 KiB block (stripes
+               cyclic by process), then a barrier (us per iteration).
+protocol       CG-like sparse mat-vec iterations (us per iteration) under
+               {floating, fixed} x {hybrid, timestamp, directory}, and hybrid
+               with several write-notice list lengths.
+Targets (2 processes): barrier <= 5 us whatever the DSM size; false sharing
+<= 60 us at every stripe; read >= 2000 MB/s at 1 and 16 MiB, >= 400 MB/s at
+4 KiB; with 4 processes every figure >= 2x better than ArgoDSM's.";
+
+type D = Dsm<ShmCom<OsThreads>, OsThreads>;
+
+const CHILD: &str = "MENPS_DSM_BENCH_PART";
+
+fn main() {
+    let args = Args::from_env();
+    if args.help() {
+        eprintln!("{HELP}");
+        return;
+    }
+    match std::env::var(CHILD) {
+        Ok(part) => job(&part, &args),
+        Err(_) => drive(&args),
+    }
+}
+
+/// Runs one job per part, process count and variant.
+fn drive(args: &Args) {
+    let parts: Vec<String> = args.list(
+        "parts",
+        &[
+            "barrier".to_string(),
+            "read".to_string(),
+            "false-sharing".to_string(),
+            "protocol".to_string(),
+        ],
+    );
+    let procs: Vec<usize> = args.list("procs", &[2, 4]);
+    let exe = std::env::current_exe().expect("current exe");
+    let passthrough: Vec<String> = std::env::args().skip(1).collect();
+    let mut failed = false;
+    for part in &parts {
+        for &p in &procs {
+            let variants: Vec<Vec<(&str, String)>> = if part == "protocol" {
+                let mut v = Vec::new();
+                for w in ["floating", "fixed"] {
+                    for i in ["hybrid", "timestamp", "directory"] {
+                        v.push(vec![
+                            ("MENPS_DSM_WRITER", w.to_string()),
+                            ("MENPS_DSM_INVALIDATION", i.to_string()),
+                        ]);
+                    }
+                }
+                for l in args.list::<usize>("wn-lists", &[16, 1024]) {
+                    v.push(vec![
+                        ("MENPS_DSM_WRITER", "floating".to_string()),
+                        ("MENPS_DSM_INVALIDATION", "hybrid".to_string()),
+                        ("MENPS_DSM_WN_LIST", l.to_string()),
+                    ]);
+                }
+                v
+            } else {
+                vec![vec![]]
+            };
+            for vars in variants {
+                let mut cmd = Command::new(&exe);
+                cmd.args(&passthrough)
+                    .env(CHILD, part)
+                    .env("MENPS_NPROCS", p.to_string());
+                for (k, v) in &vars {
+                    cmd.env(k, v);
+                }
+                let st = cmd.status().expect("start a benchmark job");
+                if !st.success() {
+                    eprintln!("dsm bench: {part} with {p} processes {vars:?} failed: {st}");
+                    failed = true;
+                }
+            }
+        }
+    }
+    if failed {
+        std::process::exit(1);
+    }
+}
+
+fn job(part: &str, args: &Args) {
+    let com: ShmCom<OsThreads> = menps_dsm::launch::init_or_relaunch(2).unwrap_or_else(|e| {
+        eprintln!("dsm bench: {e}");
+        std::process::exit(2)
+    });
+    let dsm = D::new(com).unwrap_or_else(|e| {
+        eprintln!("dsm bench: {e}");
+        std::process::exit(2)
+    });
+    let b = Bench {
+        dsm: &dsm,
+        runs: args.get("runs", 7),
+    };
+    match part {
+        "barrier" => b.barrier(args.get("barriers", 2000)),
+        "read" => b.read(
+            &args.list("read-sizes", &[4096, 65536, 1 << 20, 16 << 20]),
+            &args.list("read-blocks", &[32768, 4096]),
+        ),
+        "false-sharing" => b.false_sharing(
+            &args.list("stripes", &[8, 64, 512, 4096, 32768]),
+            args.get("fs-iters", 200),
+        ),
+        "protocol" => b.protocol(args.get("protocol-iters", 30)),
+        other => {
+            eprintln!("dsm bench: unknown part {other}");
+            std::process::exit(2)
+        }
+    }
+    if b.dsm.rank() == 0 {
+        eprintln!("dsm bench {part}: rank 0 stats {:?}", b.dsm.stats());
+    }
+    dsm.finalize().unwrap();
+}
+
+struct Bench<'a> {
+    dsm: &'a D,
+    runs: usize,
+}
+
+impl Bench<'_> {
+    fn emit(&self, bench: &str, imp: &str, params: &[(&str, Param)], unit: &str, s: &Stats) {
+        if self.dsm.rank() == 0 {
+            let mut p: Vec<(&str, Param)> = vec![("procs", self.dsm.nprocs().into())];
+            p.extend(params.iter().cloned());
+            emit("menps-dsm", bench, imp, &p, unit, s);
+        }
+    }
+
+    /// A figure measured on every process and agreed on: each run's value is
+    /// rank 0's (broadcast), so every process runs the same number of runs.
+    fn agreed(&self, mut f: impl FnMut() -> f64) -> Stats {
+        repeat(self.runs, || {
+            let mut v = f().to_le_bytes();
+            self.dsm.com().broadcast(0, &mut v).unwrap();
+            f64::from_le_bytes(v)
+        })
+    }
+
+    fn barrier(&self, n: usize) {
+        let com = self.dsm.com();
+        let plain = self
+            .agreed(|| time_secs(|| (0..n).for_each(|_| com.barrier().unwrap())) * 1e6 / n as f64);
+        self.emit(
+            "dsm-barrier",
+            "comm-barrier",
+            &[("dsm_bytes", 0usize.into())],
+            "us",
+            &plain,
+        );
+        let empty = self.agreed(|| {
+            time_secs(|| (0..n).for_each(|_| self.dsm.barrier().unwrap())) * 1e6 / n as f64
+        });
+        self.emit(
+            "dsm-barrier",
+            "menps",
+            &[("dsm_bytes", 0usize.into())],
+            "us",
+            &empty,
+        );
+        // 1 GiB of segments, some of it used.
+        let gib = 1usize << 30;
+        let p = self.dsm.alloc_segment(gib, 32 * 1024).unwrap();
+        let touched = std::env::var("XT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16usize << 20);
+        if self.dsm.rank() == 0 {
+            for i in (0..touched).step_by(4096) {
+                // SAFETY: DSM memory only rank 0 writes before the barrier.
+                unsafe { p.add(i).write(1) };
+            }
+        }
+        self.dsm.barrier().unwrap();
+        for i in (0..touched).step_by(4096) {
+            // SAFETY: written before the barrier.
+            assert_eq!(unsafe { p.add(i).read() }, 1);
+        }
+        self.dsm.barrier().unwrap();
+        let big = self.agreed(|| {
+            time_secs(|| (0..n).for_each(|_| self.dsm.barrier().unwrap())) * 1e6 / n as f64
+        });
+        self.emit(
+            "dsm-barrier",
+            "menps",
+            &[("dsm_bytes", gib.into())],
+            "us",
+            &big,
+        );
+        if self.dsm.rank() == 0 {
+            eprintln!(
+                "dsm-barrier: {:.2} us empty, {:.2} us with 1 GiB (comm barrier {:.2} us); target <= 5 us",
+                empty.median, big.median, plain.median
+            );
+        }
+    }
+
+    fn read(&self, sizes: &[usize], blocks: &[usize]) {
+        let me = self.dsm.rank();
+        let max = sizes.iter().copied().max().unwrap_or(4096);
+        // memcpy baseline.
+        let src = vec![1u8; max];
+        let mut dst = vec![0u8; max];
+        for &s in sizes {
+            let base = self.agreed(|| {
+                let reps = (64 << 20) / s;
+                let t = time_secs(|| {
+                    for _ in 0..reps {
+                        dst[..s].copy_from_slice(std::hint::black_box(&src[..s]));
+                    }
+                });
+                (s * reps) as f64 / t / 1e6
+            });
+            self.emit("read", "memcpy", &[("size", s.into())], "MB/s", &base);
+        }
+        for &bs in blocks {
+            let seg = self
+                .dsm
+                .alloc_segment(max.next_multiple_of(bs), bs)
+                .unwrap() as *mut u64;
+            for &s in sizes {
+                let words = s / 8;
+                let mut round = 0u64;
+                let st = self.agreed(|| {
+                    round += 1;
+                    if me == 0 {
+                        for i in 0..words {
+                            // SAFETY: only rank 0 writes, before the barrier.
+                            unsafe { seg.add(i).write(round + i as u64) };
+                        }
+                    }
+                    self.dsm.barrier().unwrap();
+                    let mut mbs = 0.0;
+                    if me == 1 {
+                        let mut sum = 0u64;
+                        let t = time_secs(|| {
+                            for i in 0..words {
+                                // SAFETY: written before the barrier.
+                                sum = sum.wrapping_add(unsafe { seg.add(i).read() });
+                            }
+                        });
+                        let want = (0..words as u64).fold(0u64, |a, i| a.wrapping_add(round + i));
+                        assert_eq!(sum, want, "read bench: wrong data");
+                        mbs = s as f64 / t / 1e6;
+                    }
+                    self.dsm.barrier().unwrap();
+                    // Rank 1's figure, sent to rank 0.
+                    let mut v = mbs.to_le_bytes();
+                    self.dsm.com().broadcast(1, &mut v).unwrap();
+                    f64::from_le_bytes(v)
+                });
+                self.emit(
+                    "read",
+                    "menps",
+                    &[("size", s.into()), ("block", bs.into())],
+                    "MB/s",
+                    &st,
+                );
+            }
+        }
+    }
+
+    fn false_sharing(&self, stripes: &[usize], iters: usize) {
+        let (me, n) = (self.dsm.rank(), self.dsm.nprocs());
+        let block = 32 * 1024;
+        let seg = self.dsm.alloc_segment(block, block).unwrap();
+        for &stripe in stripes {
+            let mut round = 0u8;
+            let st = self.agreed(|| {
+                time_secs(|| {
+                    for _ in 0..iters {
+                        round = round.wrapping_add(1);
+                        for i in (0..block / stripe).filter(|i| i % n == me) {
+                            // SAFETY: stripe `i` belongs to this process.
+                            unsafe { seg.add(i * stripe).write_bytes(round, stripe) };
+                        }
+                        self.dsm.barrier().unwrap();
+                    }
+                }) * 1e6
+                    / iters as f64
+            });
+            // The block is exact.
+            for i in 0..block {
+                // SAFETY: written before the last barrier.
+                let v = unsafe { seg.add(i).read() };
+                assert_eq!(v, round, "false sharing: byte {i} wrong");
+            }
+            self.dsm.barrier().unwrap();
+            self.emit(
+                "false-sharing",
+                "menps",
+                &[("stripe", stripe.into())],
+                "us",
+                &st,
+            );
+        }
+    }
+
+    /// Sparse mat-vec iterations on a banded matrix with a few far entries
+    /// per row (the access pattern of CG's mat-vec): x and y in the DSM, rows
+    /// split by process; each iteration computes y = A x for the own rows, a
+    /// barrier, then x = y / |y|max for the own rows, a barrier.
+    fn protocol(&self, iters: usize) {
+        let (me, n) = (self.dsm.rank(), self.dsm.nprocs());
+        let rows = 1 << 16;
+        let per_row = 12;
+        let bs = 4096;
+        let x = self.dsm.alloc_segment(rows * 8, bs).unwrap() as *mut f64;
+        let y = self.dsm.alloc_segment(rows * 8, bs).unwrap() as *mut f64;
+        let chunk = rows / n;
+        let mine = me * chunk..if me == n - 1 { rows } else { (me + 1) * chunk };
+        // The matrix is private (every process generates its rows).
+        let mut cols = Vec::with_capacity(mine.len() * per_row);
+        let mut rng = 0x2545_f491_4f6c_dd1du64 ^ me as u64;
+        for r in mine.clone() {
+            for k in 0..per_row {
+                let c = if k < per_row - 2 {
+                    (r + k).saturating_sub(per_row / 2).min(rows - 1)
+                } else {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    (rng % rows as u64) as usize
+                };
+                cols.push(c);
+            }
+        }
+        for r in mine.clone() {
+            // SAFETY: own rows.
+            unsafe { x.add(r).write(1.0) };
+        }
+        self.dsm.barrier().unwrap();
+        let st = self.agreed(|| {
+            time_secs(|| {
+                for _ in 0..iters {
+                    for (i, r) in mine.clone().enumerate() {
+                        let mut s = 0.0;
+                        for &c in &cols[i * per_row..(i + 1) * per_row] {
+                            // SAFETY: x is only written in the other phase.
+                            s += unsafe { x.add(c).read() } * 0.1;
+                        }
+                        // SAFETY: own rows of y.
+                        unsafe { y.add(r).write(s) };
+                    }
+                    self.dsm.barrier().unwrap();
+                    for r in mine.clone() {
+                        // SAFETY: own rows; y is only read here in this phase.
+                        unsafe { x.add(r).write(y.add(r).read() / 1.2) };
+                    }
+                    self.dsm.barrier().unwrap();
+                }
+            }) * 1e6
+                / iters as f64
+        });
+        let cfg = self.dsm.config();
+        let variant = format!("{:?}-{:?}", cfg.writer, cfg.invalidation).to_lowercase();
+        self.emit(
+            "protocol",
+            &variant,
+            &[
+                ("rows", rows.into()),
+                ("wn_list", cfg.effective_wn_list_len().into()),
+                (
+                    "fast_release",
+                    usize::from(cfg.fast_release_active()).into(),
+                ),
+            ],
+            "us",
+            &st,
+        );
+    }
+}

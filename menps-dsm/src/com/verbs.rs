@@ -1,1 +1,0 @@
-//! The `verbs` backend (placeholder while it is written).
