@@ -8,6 +8,14 @@
 //!
 //! Output: JSON lines on stdout (rank 0 only), progress and a summary
 //! against the targets on stderr.
+//!
+//! Built with `--features mpi` and started by `mpirun`, it measures the
+//! `mpi` backend instead (see `mpi_bench` below):
+//!
+//! ```text
+//! cargo bench -p menps-dsm --features mpi --bench rma --no-run
+//! mpirun -n 2 --oversubscribe target/release/deps/rma-<hash>
+//! ```
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -83,6 +91,13 @@ fn main() {
     let args = Args::from_env();
     if args.help() {
         eprintln!("{HELP}");
+        #[cfg(feature = "mpi")]
+        eprintln!("{}", mpi_bench::HELP);
+        return;
+    }
+    #[cfg(feature = "mpi")]
+    if menps_dsm::launch::under_mpirun() {
+        mpi_bench::run(&args);
         return;
     }
     let sizes: Vec<usize> = args.list("sizes", &[8, 64, 512, 4096, 32768, 262_144, 1_048_576]);
@@ -384,5 +399,307 @@ fn main() {
         for line in summary {
             eprintln!("rma: {line}");
         }
+    }
+}
+
+/// The `mpi` backend's measurements (feature `mpi`, under `mpirun`).
+#[cfg(feature = "mpi")]
+mod mpi_bench {
+    use std::hint::black_box;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use ct_bench::{Args, Param, Stats, emit, repeat, time_secs};
+    use ct_worker::Ult;
+    use menps_dsm::com::{
+        Coll, Comm, MpiCom, P2p, RemotePtr, Rma, RmaRequest, Source, WindowId, Windows,
+    };
+
+    pub const HELP: &str = "\
+Under mpirun (built with --features mpi): the same figures on the mpi backend,
+rank 0 against rank 1's window, for two ways of issuing RMA:
+  impl mpi            direct MPI calls from the calling thread
+                      (Rget + MPI_Test, Put/CAS/Fetch_and_op + MPI_Win_flush);
+  impl mpi-offload    through ct-delegate's offloading component (executor and
+                      completer user-level threads; the caller parks);
+with memcpy / raw-load / raw-atomic on the same mapping (MPI_Win_shared_query,
+one machine with osc sm) as the physical limit. Everything runs on one
+user-level thread worker per process. Iterations are 1/20 of shm's.";
+
+    type Com = MpiCom<Ult>;
+
+    fn fail(msg: &str) -> ! {
+        eprintln!("rma (mpi): result check failed: {msg}");
+        std::process::exit(1)
+    }
+
+    struct Bench<'a> {
+        com: &'a Com,
+        runs: usize,
+    }
+
+    impl Bench<'_> {
+        fn emit(&self, bench: &str, imp: &str, op: &str, size: usize, unit: &str, s: &Stats) {
+            if self.com.rank() == 0 {
+                let params: Vec<(&str, Param)> = vec![
+                    ("op", op.into()),
+                    ("size", size.into()),
+                    ("procs", self.com.size().into()),
+                ];
+                emit("menps-dsm", bench, imp, &params, unit, s);
+            }
+        }
+
+        fn latency(&self, iters: usize, mut f: impl FnMut(usize)) -> Stats {
+            repeat(self.runs, || {
+                time_secs(|| {
+                    for i in 0..iters {
+                        f(i);
+                    }
+                }) * 1e9
+                    / iters as f64
+            })
+        }
+
+        fn rate(&self, batches: usize, batch: usize, f: &mut dyn FnMut()) -> Stats {
+            repeat(self.runs, || {
+                let t = time_secs(|| {
+                    for _ in 0..batches {
+                        f();
+                    }
+                });
+                (batches * batch) as f64 / t / 1e6
+            })
+        }
+    }
+
+    fn iters_for(size: usize) -> usize {
+        (64 * 1024 * 1024 / size.max(64) / 20).clamp(20, 50_000)
+    }
+
+    pub fn run(args: &Args) {
+        let sizes: Vec<usize> = args.list("sizes", &[8, 64, 512, 4096, 32768, 262_144, 1_048_576]);
+        let batch: usize = args.get("batch", 256);
+        let runs: usize = args.get("runs", 7);
+        let pingpongs: usize = args.get("pingpongs", 20_000) / 4;
+        let barriers: usize = args.get("barriers", 20_000) / 4;
+        let com: Com = menps_dsm::launch::init().unwrap_or_else(|e| {
+            eprintln!("rma (mpi): {e}");
+            std::process::exit(2)
+        });
+        if com.size() < 2 {
+            eprintln!("rma (mpi): needs at least 2 processes (mpirun -n 2)");
+            std::process::exit(2);
+        }
+        if com.rank() == 0 {
+            eprintln!("rma (mpi): {}", com.library_version());
+        }
+        let rt = ct_worker::Runtime::builder().workers(1).build().unwrap();
+        rt.block_on(|| body(&com, &sizes, batch.max(1), runs, pingpongs, barriers));
+    }
+
+    fn body(
+        com: &Com,
+        sizes: &[usize],
+        batch: usize,
+        runs: usize,
+        pingpongs: usize,
+        barriers: usize,
+    ) {
+        let me = com.rank();
+        let b = Bench { com, runs };
+        let max = sizes.iter().copied().max().unwrap_or(8).max(64);
+        let win: WindowId = com.create_window(max + 4096).unwrap();
+        let target = 1;
+        if me == target {
+            let local = com.local_window(win).unwrap();
+            // SAFETY: nobody else accesses the window before the barrier.
+            let s = unsafe { local.as_mut_slice() };
+            for (i, x) in s.iter_mut().enumerate() {
+                *x = (i % 251) as u8;
+            }
+        }
+        com.barrier().unwrap();
+        if me == 0 {
+            measure_rma(&b, win, target, sizes, max, batch);
+        }
+        com.set_offloaded(false);
+        com.barrier().unwrap();
+
+        if me < 2 {
+            let peer = 1 - me;
+            eprintln!("p2p ping-pong x {pingpongs}...");
+            let msg = 0x0123_4567_89ab_cdefu64.to_le_bytes();
+            let s = repeat(runs, || {
+                time_secs(|| {
+                    for _ in 0..pingpongs {
+                        if me == 0 {
+                            com.send(peer, 1, &msg).unwrap();
+                            let (_, m) = com.recv(Source::Rank(peer), 2).unwrap();
+                            if m != msg {
+                                fail("ping-pong payload");
+                            }
+                        } else {
+                            let (_, m) = com.recv(Source::Rank(peer), 1).unwrap();
+                            com.send(peer, 2, &m).unwrap();
+                        }
+                    }
+                }) * 1e9
+                    / (2 * pingpongs) as f64
+            });
+            b.emit("p2p-latency", "mpi", "send-recv", 8, "ns", &s);
+            let batches = 50;
+            let s = b.rate(batches, batch, &mut || {
+                if me == 0 {
+                    for i in 0..batch {
+                        com.send(peer, 3, &(i as u64).to_le_bytes()).unwrap();
+                    }
+                    com.recv(Source::Rank(peer), 4).unwrap();
+                } else {
+                    for i in 0..batch {
+                        let (_, m) = com.recv(Source::Rank(peer), 3).unwrap();
+                        if m != (i as u64).to_le_bytes() {
+                            fail("message order or content");
+                        }
+                    }
+                    com.send(peer, 4, &[]).unwrap();
+                }
+            });
+            b.emit("p2p-rate", "mpi", "send-recv", 8, "Mmsg/s", &s);
+        }
+        com.barrier().unwrap();
+        eprintln!("barrier x {barriers}...");
+        let s = b.latency(barriers, |_| com.barrier().unwrap());
+        b.emit("barrier", "mpi", "barrier", 0, "ns", &s);
+        com.barrier().unwrap();
+    }
+
+    fn measure_rma(
+        b: &Bench<'_>,
+        win: WindowId,
+        target: usize,
+        sizes: &[usize],
+        max: usize,
+        batch: usize,
+    ) {
+        let com = b.com;
+        let data_ptr = win.at(target, 0);
+        let atom_ptr: RemotePtr = win.at(target, (max + 64) as u64 & !7);
+        let mut buf = vec![0u8; max];
+        let shared = com.shared_ptr(data_ptr, max).unwrap();
+        let word = com.shared_ptr(atom_ptr, 8).unwrap().map(|p| {
+            // SAFETY: an aligned word inside the live window, accessed
+            // atomically by everyone.
+            unsafe { &*(p as *const AtomicU64) }
+        });
+        let mut expected_total = com.atomic_load(atom_ptr).unwrap();
+        for (imp, offload) in [("mpi", false), ("mpi-offload", true)] {
+            com.set_offloaded(offload);
+            for &size in sizes {
+                let iters = iters_for(size);
+                eprintln!("{imp}: read/write {size} B x {iters}...");
+                buf[..size].fill(0);
+                let s = b.latency(iters, |_| {
+                    com.read(data_ptr, &mut buf[..size]).unwrap();
+                    black_box(&buf);
+                });
+                b.emit("rma", imp, "read", size, "ns", &s);
+                if buf[..size]
+                    .iter()
+                    .enumerate()
+                    .any(|(i, &x)| x != (i % 251) as u8)
+                {
+                    fail("read returned wrong data");
+                }
+                let pattern: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+                let s = b.latency(iters, |_| com.write(data_ptr, black_box(&pattern)).unwrap());
+                b.emit("rma", imp, "write", size, "ns", &s);
+            }
+            let iters = 50_000;
+            eprintln!("{imp}: atomics x {iters}...");
+            let mut next = com.atomic_load(atom_ptr).unwrap();
+            let s = b.latency(iters, |_| {
+                let old = com.compare_and_swap(atom_ptr, next, next + 1).unwrap();
+                next = if old == next { next + 1 } else { old };
+            });
+            expected_total += ((b.runs + 1) * iters) as u64;
+            b.emit("rma", imp, "cas", 8, "ns", &s);
+            let s = b.latency(iters, |_| {
+                black_box(com.fetch_add(atom_ptr, 1).unwrap());
+            });
+            expected_total += ((b.runs + 1) * iters) as u64;
+            b.emit("rma", imp, "fetch_add", 8, "ns", &s);
+
+            let batches = (20_000 / batch).max(4);
+            eprintln!("{imp}: rates, {batches} batches of {batch}...");
+            let one = 7u64.to_le_bytes();
+            let mut reqs = Vec::with_capacity(batch);
+            let s = b.rate(batches, batch, &mut || {
+                for i in 0..batch {
+                    let p = data_ptr.add((i * 8 % max) as u64 & !7);
+                    // SAFETY: `one` outlives the requests, waited for below.
+                    reqs.push(unsafe { com.write_nb(p, one.as_ptr(), 8) }.unwrap());
+                }
+                for r in reqs.drain(..) {
+                    r.wait().unwrap();
+                }
+            });
+            b.emit("rma-rate", imp, "write_nb", 8, "Mop/s", &s);
+            let s = b.rate(batches, batch, &mut || {
+                for _ in 0..batch {
+                    reqs.push(com.fetch_add_nb(atom_ptr, 1).unwrap());
+                }
+                com.flush(target).unwrap();
+                for r in reqs.drain(..) {
+                    r.wait().unwrap();
+                }
+            });
+            expected_total += ((b.runs + 1) * batches * batch) as u64;
+            b.emit("rma-rate", imp, "fetch_add_nb", 8, "Mop/s", &s);
+            // Restore the pattern the rate loop overwrote.
+            let pattern: Vec<u8> = (0..max).map(|i| (i % 251) as u8).collect();
+            com.write(data_ptr, &pattern).unwrap();
+        }
+        com.set_offloaded(false);
+        let total = com.atomic_load(atom_ptr).unwrap();
+        if total != expected_total {
+            fail(&format!(
+                "atomic counter is {total}, expected {expected_total}"
+            ));
+        }
+
+        // The physical limit on the same mapping, where MPI exposes it.
+        let (Some(base), Some(word)) = (shared, word) else {
+            eprintln!("rma (mpi): no shared mapping (osc is not sm): no raw baselines");
+            return;
+        };
+        for &size in sizes {
+            let iters = iters_for(size) * 20;
+            let m = b.latency(iters, |_| {
+                // SAFETY: `size` bytes of the live window; `buf` has room.
+                unsafe { std::ptr::copy_nonoverlapping(base, buf.as_mut_ptr(), black_box(size)) };
+                black_box(&buf);
+            });
+            b.emit("rma", "memcpy", "read", size, "ns", &m);
+            if size == 8 {
+                let l = b.latency(iters, |_| {
+                    // SAFETY: an aligned word inside the live window.
+                    black_box(unsafe { std::ptr::read_volatile(base as *const u64) });
+                });
+                b.emit("rma", "raw-load", "read", size, "ns", &l);
+            }
+        }
+        let iters = 1_000_000;
+        let mut next = word.load(Ordering::SeqCst);
+        let r = b.latency(iters, |_| {
+            match word.compare_exchange(next, next + 1, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => next += 1,
+                Err(v) => next = v,
+            }
+        });
+        b.emit("rma", "raw-atomic", "cas", 8, "ns", &r);
+        let r = b.latency(iters, |_| {
+            black_box(word.fetch_add(1, Ordering::SeqCst));
+        });
+        b.emit("rma", "raw-atomic", "fetch_add", 8, "ns", &r);
     }
 }

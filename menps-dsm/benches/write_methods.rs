@@ -56,7 +56,7 @@ Patterns: scattered = x random distinct bytes; clustered = x bytes in random
 aligned runs of --run-len bytes. ns per write-back (find + send + in place at
 the target), averaged over one run of --run-ms; one warm-up, then --runs runs;
 min/median/max. Every write-back is verified by reading the target back.
-Defaults take about 15 s.";
+Defaults take about 10 s.";
 
 /// Tag of the packed-diff messages to rank 1 (an empty one ends the server).
 const TAG_DIFF: u32 = 0x5744;

@@ -1,8 +1,12 @@
 //! MENPS: a page-based software distributed shared memory, in Rust.
 //!
-//! This crate currently holds the bottom of the DSM: the **communication
-//! layer** ([`com`]) and the **launcher** ([`launch`]).
+//! Three layers:
 //!
+//! - [`dsm`]: the **DSM** itself — shared segments at the same address in
+//!   every process, page-protection faults resolved by the MENPS coherence
+//!   protocol (floating home, hybrid lease + write-notice invalidation, fast
+//!   release, XOR merges with write-write race detection), barriers, DSM
+//!   mutexes, atomics, pinned call stacks and a heap.
 //! - [`com`] defines what the DSM needs from the network as traits — ranks,
 //!   one-sided RMA on registered windows addressed by fat pointers (read,
 //!   write, compare-and-swap, fetch-and-add, asynchronous forms, flush),

@@ -2,459 +2,20 @@
 //! combination.
 //!
 //! Each test drives jobs of this binary (see `common/`): the job processes
-//! run [`job_entry`] with `MENPS_TEST_SCENARIO` naming the scenario, and
-//! the protocol chosen by `MENPS_DSM_*` variables.
+//! run [`job_entry`] with `MENPS_TEST_SCENARIO` naming the scenario (in
+//! `dsm_scenarios/`), and the protocol chosen by `MENPS_DSM_*` variables.
 
 use std::process::Command;
 
-use ct_worker::OsThreads;
-use menps_dsm::com::ShmCom;
-use menps_dsm::dsm::{Dsm, DsmError};
-
 mod common;
+mod dsm_scenarios;
 use common::*;
+use dsm_scenarios::RACE_OFFSET;
 
-type D = Dsm<ShmCom<OsThreads>, OsThreads>;
-
-// ---------------------------------------------------------------------------
-// The job side.
-
+/// Entry point of the job processes (a no-op in a normal test run).
 #[test]
 fn job_entry() {
-    let Ok(name) = std::env::var(SCENARIO) else {
-        return;
-    };
-    if name == "ult_faults" {
-        return ult_faults();
-    }
-    let com: ShmCom<OsThreads> = menps_dsm::launch::Builder::new()
-        .nprocs(2)
-        .grace(std::time::Duration::from_secs(3))
-        .init_or_relaunch()
-        .unwrap_or_else(|e| {
-            eprintln!("cannot join the job: {e}");
-            std::process::exit(3)
-        });
-    let dsm = D::new(com).unwrap_or_else(|e| {
-        eprintln!("cannot start the DSM: {e}");
-        std::process::exit(3)
-    });
-    let me = dsm.rank();
-    match name.as_str() {
-        "producer_consumer" => producer_consumer(&dsm),
-        "false_sharing" => false_sharing(&dsm),
-        "mutex_increments" => mutex_increments(&dsm),
-        "atomic_increments" => atomic_increments(&dsm),
-        "single_writer" => single_writer(&dsm),
-        "race" => race(&dsm),
-        "single_writer_mutex" => single_writer_mutex(&dsm),
-        "pinned_stack" => pinned_stack(&dsm),
-        other => panic!("unknown scenario {other}"),
-    }
-    if std::env::var_os("MENPS_TEST_STATS").is_some() {
-        eprintln!(
-            "rank {me}: {:?} faults {}",
-            dsm.stats(),
-            menps_dsm::dsm::fault::fault_count()
-        );
-    }
-    println!("rank {me}: ok");
-    dsm.finalize().unwrap();
-}
-
-fn word(seed: u64, i: usize) -> u64 {
-    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i as u64).wrapping_mul(0xff51_afd7_ed55_8ccd)
-}
-
-/// Each round one process writes a pattern over the whole segment (several
-/// blocks), then everybody checks it after a barrier.
-fn producer_consumer(dsm: &D) {
-    let (me, n) = (dsm.rank(), dsm.nprocs());
-    let len = 256 * 1024;
-    let p = dsm.alloc_segment(len, 32 * 1024).unwrap() as *mut u64;
-    let words = len / 8;
-    for round in 0..(4 * n) {
-        let writer = round % n;
-        let seed = round as u64 + 1;
-        if me == writer {
-            for i in 0..words {
-                // SAFETY: DSM memory only this process writes this round.
-                unsafe { p.add(i).write(word(seed, i)) };
-            }
-        }
-        dsm.barrier().unwrap();
-        for i in (0..words).step_by(7) {
-            // SAFETY: written before the barrier.
-            let v = unsafe { p.add(i).read() };
-            assert_eq!(
-                v,
-                word(seed, i),
-                "round {round}: word {i} from writer {writer}"
-            );
-        }
-        dsm.barrier().unwrap();
-    }
-}
-
-/// Writers own disjoint stripes of one 32 KiB block, cyclically by process;
-/// after every round each process checks the whole block, and at the end
-/// the contents are exact. Stripe sizes 8 B .. 32 KiB.
-fn false_sharing(dsm: &D) {
-    let (me, n) = (dsm.rank(), dsm.nprocs());
-    let block = 32 * 1024;
-    let base = dsm.alloc_segment(block * 5, block).unwrap();
-    for (k, stripe) in [8usize, 64, 512, 4096, 32768].into_iter().enumerate() {
-        // SAFETY: inside the segment.
-        let p = unsafe { base.add(k * block) };
-        let stripes = block / stripe;
-        let value = |round: usize, i: usize| ((round * 131 + i * 7 + k) % 251) as u8 + 1;
-        for round in 0..6 {
-            for i in (0..stripes).filter(|i| i % n == me) {
-                for b in 0..stripe {
-                    // SAFETY: stripe `i` is written by this process only.
-                    unsafe { p.add(i * stripe + b).write(value(round, i)) };
-                }
-            }
-            dsm.barrier().unwrap();
-            for i in 0..stripes {
-                for b in [0, stripe / 2, stripe - 1] {
-                    // SAFETY: written before the barrier.
-                    let v = unsafe { p.add(i * stripe + b).read() };
-                    assert_eq!(
-                        v,
-                        value(round, i),
-                        "stripe {stripe}: round {round} byte {}",
-                        i * stripe + b
-                    );
-                }
-            }
-            dsm.barrier().unwrap();
-        }
-        // The final contents, byte for byte.
-        for i in 0..block {
-            // SAFETY: written before the barrier.
-            let v = unsafe { p.add(i).read() };
-            assert_eq!(v, value(5, i / stripe), "stripe {stripe}: final byte {i}");
-        }
-    }
-}
-
-fn shared_mutex(dsm: &D) -> menps_dsm::dsm::DsmMutex {
-    let mut id = [0u8; 4];
-    if dsm.rank() == 0 {
-        id = dsm.new_mutex().unwrap().0.to_le_bytes();
-    }
-    menps_dsm::com::Coll::broadcast(dsm.com(), 0, &mut id).unwrap();
-    menps_dsm::dsm::DsmMutex(u32::from_le_bytes(id))
-}
-
-const INCREMENTS: u64 = 1000;
-
-/// Every process increments a counter (and appends to a log) 10^3 times
-/// under a DSM mutex.
-fn mutex_increments(dsm: &D) {
-    let (me, n) = (dsm.rank(), dsm.nprocs() as u64);
-    let seg = dsm.alloc_segment(64 * 1024, 4096).unwrap() as *mut u64;
-    let m = shared_mutex(dsm);
-    // Word 0: the counter; word 1 + k: which process made increment k
-    // (spread over several blocks).
-    for _ in 0..INCREMENTS {
-        let g = dsm.lock(m).unwrap();
-        // SAFETY: DSM memory protected by the mutex.
-        unsafe {
-            let c = seg.read();
-            seg.add(1 + c as usize).write(me as u64 + 1);
-            seg.write(c + 1);
-        }
-        g.unlock().unwrap();
-    }
-    dsm.barrier().unwrap();
-    // SAFETY: written before the barrier.
-    let total = unsafe { seg.read() };
-    assert_eq!(total, n * INCREMENTS);
-    let mut per = vec![0u64; n as usize];
-    for k in 0..total as usize {
-        // SAFETY: as above.
-        let who = unsafe { seg.add(1 + k).read() };
-        assert!((1..=n).contains(&who), "log entry {k} is {who}");
-        per[who as usize - 1] += 1;
-    }
-    assert!(
-        per.iter().all(|&c| c == INCREMENTS),
-        "per-process counts {per:?}"
-    );
-    dsm.barrier().unwrap();
-    if me == 0 {
-        dsm.free_mutex(m).unwrap();
-    }
-}
-
-/// Every process does 10^3 atomic increments of one word (and CAS
-/// increments of another).
-fn atomic_increments(dsm: &D) {
-    let n = dsm.nprocs() as u64;
-    let seg = dsm.alloc_segment(8192, 4096).unwrap() as *mut u64;
-    // SAFETY: inside the segment.
-    let (a, b) = (seg, unsafe { seg.add(600) });
-    let mut seen = Vec::new();
-    for _ in 0..INCREMENTS {
-        seen.push(dsm.fetch_add(a, 1).unwrap());
-        loop {
-            let cur = dsm.load_acquire(b).unwrap();
-            if dsm.compare_exchange(b, cur, cur + 1).unwrap().is_ok() {
-                break;
-            }
-        }
-    }
-    // Fetched values are distinct and increasing per process.
-    assert!(
-        seen.windows(2).all(|w| w[0] < w[1]),
-        "fetch_add went backwards"
-    );
-    dsm.barrier().unwrap();
-    assert_eq!(dsm.load_acquire(a).unwrap(), n * INCREMENTS);
-    // SAFETY: written before the barrier (plain reads see the atomics too).
-    unsafe {
-        assert_eq!(a.read(), n * INCREMENTS);
-        assert_eq!(b.read(), n * INCREMENTS);
-    }
-    dsm.barrier().unwrap();
-}
-
-/// Process 0 writes a new value into one block every iteration; the others
-/// read it after each barrier: never a stale value (the fast-release hole of
-/// the original).
-fn single_writer(dsm: &D) {
-    let me = dsm.rank();
-    let seg = dsm.alloc_segment(32 * 1024, 32 * 1024).unwrap() as *mut u64;
-    for it in 1..=1000u64 {
-        if me == 0 {
-            // SAFETY: only process 0 writes, between barriers.
-            unsafe {
-                seg.write(it);
-                seg.add(2000).write(it * 3);
-            }
-        }
-        dsm.barrier().unwrap();
-        // SAFETY: written before the barrier.
-        let (x, y) = unsafe { (seg.read(), seg.add(2000).read()) };
-        assert_eq!(
-            (x, y),
-            (it, it * 3),
-            "process {me} read a stale value at iteration {it}"
-        );
-        dsm.barrier().unwrap();
-    }
-}
-
-/// The same through a mutex: process 0 publishes version `v` (data in one
-/// block, the version in another) once every reader acknowledged `v - 1`;
-/// readers poll under the mutex and check the data of every version they
-/// see. Lock hand-offs carry signatures, so a stale data block shows.
-fn single_writer_mutex(dsm: &D) {
-    let (me, n) = (dsm.rank(), dsm.nprocs() as u64);
-    let seg = dsm.alloc_segment(64 * 1024, 32 * 1024).unwrap() as *mut u64;
-    // Block 0: the data; block 1: version and acknowledgement count.
-    // SAFETY: inside the segment.
-    let (data, version, acks) = unsafe { (seg, seg.add(4096), seg.add(4097)) };
-    let m = shared_mutex(dsm);
-    const VERSIONS: u64 = 300;
-    let mut seen = 0;
-    loop {
-        let g = dsm.lock(m).unwrap();
-        // SAFETY: DSM memory protected by the mutex.
-        unsafe {
-            let v = version.read();
-            if me == 0 {
-                if v == VERSIONS && acks.read() == n - 1 {
-                    g.unlock().unwrap();
-                    break;
-                }
-                if v < VERSIONS && (v == 0 || acks.read() == n - 1) {
-                    data.write(v + 1);
-                    data.add(3000).write((v + 1) * 7);
-                    version.write(v + 1);
-                    acks.write(0);
-                }
-            } else if v > seen {
-                assert_eq!(
-                    (data.read(), data.add(3000).read()),
-                    (v, v * 7),
-                    "process {me} read stale data for version {v}"
-                );
-                seen = v;
-                acks.write(acks.read() + 1);
-            }
-        }
-        g.unlock().unwrap();
-        if me != 0 && seen == VERSIONS {
-            break;
-        }
-    }
-    dsm.barrier().unwrap();
-}
-
-/// 32 user-level threads per process on 2 workers write and read DSM blocks
-/// they share with each other: faults resolve on the faulting ULT's stack,
-/// park it while another ULT holds the block, and resume it — possibly on
-/// the other worker.
-fn ult_faults() {
-    use ct_worker::Ult;
-    let com: ShmCom<Ult> = menps_dsm::launch::Builder::new()
-        .nprocs(2)
-        .init_or_relaunch()
-        .unwrap_or_else(|e| {
-            eprintln!("cannot join the job: {e}");
-            std::process::exit(3)
-        });
-    let rt = ct_worker::Runtime::builder().workers(2).build().unwrap();
-    rt.block_on(move || {
-        let dsm = Dsm::<ShmCom<Ult>, Ult>::new(com).unwrap();
-        let (me, n) = (dsm.rank(), dsm.nprocs());
-        let ults = 32;
-        let bytes = 512 * 1024;
-        let seg = dsm.alloc_segment(bytes, 4096).unwrap() as usize;
-        let words = bytes / 8;
-        let per_proc = words / n;
-        let value = |p: usize, i: usize| ((p as u64) << 40) | i as u64;
-        for round in 0..3usize {
-            // Each ULT writes every `ults`-th word of this process's part:
-            // all ULTs share all of its blocks.
-            ct_worker::scope(|s| {
-                for t in 0..ults {
-                    s.spawn(move || {
-                        let p = seg as *mut u64;
-                        for i in (me * per_proc + t..(me + 1) * per_proc).step_by(ults) {
-                            // SAFETY: word i belongs to this process and ULT.
-                            unsafe { p.add(i).write(value(me, i) + round as u64) };
-                        }
-                    });
-                }
-            });
-            dsm.barrier().unwrap();
-            ct_worker::scope(|s| {
-                for t in 0..ults {
-                    s.spawn(move || {
-                        let p = seg as *const u64;
-                        for i in (t..n * per_proc).step_by(ults) {
-                            // SAFETY: written before the barrier.
-                            let v = unsafe { p.add(i).read() };
-                            assert_eq!(v, value(i / per_proc, i) + round as u64, "word {i}");
-                        }
-                    });
-                }
-            });
-            dsm.barrier().unwrap();
-        }
-        println!("rank {me}: ok");
-        dsm.finalize().unwrap();
-    });
-}
-
-/// A coroutine runs on a call stack inside the DSM, pinned while it runs:
-/// its frames are never protected, faults on other blocks resolve on it, and
-/// a barrier inside it refreshes its own (pinned) blocks in place. While it
-/// is suspended, its stack is unpinned and released, and another process
-/// reads an array that lives in its frame.
-fn pinned_stack(dsm: &D) {
-    use ct_context::{Coroutine, RawStack};
-    let (me, n) = (dsm.rank(), dsm.nprocs());
-    let stack_bytes = 256 * 1024;
-    let stacks = dsm.alloc_segment(stack_bytes * n, 4096).unwrap();
-    let data = dsm.alloc_segment(64 * 1024, 4096).unwrap() as *mut u64;
-    // SAFETY: inside the segment; word 0 .. n: where each process's array is.
-    let slots = data;
-    // SAFETY: this process's stack, used by nobody else.
-    let mine = unsafe { stacks.add(me * stack_bytes) };
-    dsm.pin(mine, stack_bytes).unwrap();
-    // SAFETY: the range is DSM memory reserved for this coroutine's stack,
-    // pinned (always writable) while the coroutine runs.
-    let stack = unsafe { RawStack::new(mine, stack_bytes) }.unwrap();
-    let d = dsm as *const D as usize;
-    let slots_addr = slots as usize;
-    let mut co: Coroutine<(), (), u64, RawStack> = Coroutine::with_stack(stack, move |y, ()| {
-        // SAFETY: the Dsm outlives the coroutine (it is dropped below).
-        let dsm = unsafe { &*(d as *const D) };
-        let slots = slots_addr as *mut u64;
-        let mut local = [0u64; 512];
-        for (i, x) in local.iter_mut().enumerate() {
-            *x = (me as u64 + 1) * 1000 + i as u64;
-        }
-        // Faults on another segment's blocks, resolved on this stack.
-        // SAFETY: word `me` of the slots belongs to this process.
-        unsafe { slots.add(me).write(local.as_ptr() as u64) };
-        // A barrier while pinned: acquires refresh the pinned blocks in
-        // place.
-        dsm.barrier().unwrap();
-        assert_eq!(
-            dsm.block_state(local.as_ptr() as *const u8),
-            Some(menps_dsm::dsm::BlockState::Pinned)
-        );
-        y.suspend(());
-        // Resumed: the array is intact.
-        local.iter().sum::<u64>()
-    })
-    .unwrap();
-    co.resume(());
-    // Suspended: unpin the stack, so the next release publishes it.
-    dsm.unpin(mine, stack_bytes).unwrap();
-    dsm.barrier().unwrap();
-    // Everybody reads everybody's array, which lives on a DSM stack.
-    for p in 0..n {
-        // SAFETY: written before the barrier.
-        let arr = unsafe { slots.add(p).read() } as *const u64;
-        for i in (0..512).step_by(37) {
-            // SAFETY: the array is in process p's suspended coroutine's frame
-            // (DSM memory), written before the barrier.
-            let v = unsafe { arr.add(i).read() };
-            assert_eq!(v, (p as u64 + 1) * 1000 + i as u64, "array of process {p}");
-        }
-    }
-    dsm.barrier().unwrap();
-    dsm.pin(mine, stack_bytes).unwrap();
-    let sum = match co.resume(()) {
-        ct_context::CoroutineResult::Return(s) => s,
-        _ => panic!("the coroutine should have finished"),
-    };
-    let want: u64 = (0..512).map(|i| (me as u64 + 1) * 1000 + i).sum();
-    assert_eq!(sum, want);
-    dsm.unpin(mine, stack_bytes).unwrap();
-    drop(co);
-    dsm.barrier().unwrap();
-}
-
-/// Offset of the byte the race scenario writes: in block 2, whose fixed
-/// home is process 2 (with 3 processes), so that under both writer
-/// policies the racing writers merge into a third copy.
-const RACE_OFFSET: usize = 2 * 4096 + 100;
-
-/// Processes 0 and 1 write the same byte, both before either releases: the
-/// second merge must report the race. (A write that follows another
-/// process's release without synchronisation can go unnoticed: detection
-/// compares against the version a process started from.)
-fn race(dsm: &D) {
-    let me = dsm.rank();
-    let seg = dsm.alloc_segment(32 * 1024, 4096).unwrap();
-    if me < 2 {
-        // SAFETY: deliberately racing writes to DSM memory (the test).
-        unsafe { seg.add(RACE_OFFSET).write(me as u8 + 1) };
-    }
-    menps_dsm::com::Coll::barrier(dsm.com()).unwrap();
-    match dsm.barrier() {
-        Err(DsmError::DataRace(r)) => {
-            println!("rank {me}: detected: {r}");
-            std::process::exit(42);
-        }
-        Err(e) => {
-            println!("rank {me}: other error: {e}");
-            std::process::exit(43);
-        }
-        Ok(()) => {}
-    }
-    dsm.barrier().unwrap_or_else(|e| {
-        println!("rank {me}: later error: {e}");
-        std::process::exit(44);
-    });
+    dsm_scenarios::job_entry();
 }
 
 // ---------------------------------------------------------------------------
@@ -546,6 +107,72 @@ fn user_level_threads_fault_park_and_migrate() {
 #[test]
 fn pinned_stack_in_dsm_all_policies() {
     run_everywhere("pinned_stack", &[2, 3]);
+}
+
+fn one_process(scenario: &str) -> JobRun {
+    job(scenario, 1, POLICIES[0])
+}
+
+#[test]
+fn unrelated_segfaults_still_crash() {
+    use std::os::unix::process::ExitStatusExt;
+    for scenario in ["segv_outside", "segv_null"] {
+        let run = one_process(scenario);
+        assert!(!run.status.success(), "{scenario}: {}", run.dump());
+        assert!(!run.stdout.contains("not reached"), "{scenario}: {}", run.dump());
+        // The launcher reports the signal.
+        assert!(run.stderr.contains("SIGSEGV"), "{scenario}: {}", run.dump());
+        let _ = run.status.signal();
+    }
+    let run = one_process("segv_outside");
+    assert!(
+        run.stderr.contains("inside the DSM range but in no segment"),
+        "{}",
+        run.dump()
+    );
+}
+
+#[test]
+fn stack_overflow_is_reported_with_the_dsm_active() {
+    let run = one_process("overflow");
+    assert!(!run.status.success(), "{}", run.dump());
+    assert!(
+        run.stderr.contains("stack overflow in user-level thread"),
+        "{}",
+        run.dump()
+    );
+}
+
+#[test]
+fn disabled_fault_handling_crashes_clearly() {
+    let run = one_process("disabled_thread");
+    assert!(!run.status.success(), "{}", run.dump());
+    assert!(!run.stdout.contains("not reached"), "{}", run.dump());
+    assert!(run.stderr.contains("DSM fault handling disabled"), "{}", run.dump());
+}
+
+#[test]
+fn bad_configuration_is_a_clear_error() {
+    let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
+    entry_args(&mut cmd);
+    cmd.env(SCENARIO, "producer_consumer")
+        .env("MENPS_NPROCS", "2")
+        .env("MENPS_DSM_BLOCK_SIZE", "3000");
+    let run = drive(cmd, &new_tag("bad_config"), |_, _| false);
+    assert!(!run.status.success(), "{}", run.dump());
+    assert!(
+        run.stderr.contains("block size 3000 is not a power of two"),
+        "{}",
+        run.dump()
+    );
+    let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
+    entry_args(&mut cmd);
+    cmd.env(SCENARIO, "producer_consumer")
+        .env("MENPS_NPROCS", "2")
+        .env("MENPS_DSM_WRITER", "sideways");
+    let run = drive(cmd, &new_tag("bad_config"), |_, _| false);
+    assert!(!run.status.success(), "{}", run.dump());
+    assert!(run.stderr.contains("MENPS_DSM_WRITER=\"sideways\""), "{}", run.dump());
 }
 
 #[test]

@@ -14,8 +14,8 @@
 //! every misuse error, 4 × 10^4 `fetch_add` with the exact total and every
 //! old value once, a CAS spinlock around a plain counter, p2p tag matching
 //! and ordering, collectives with checked results and mismatch detection,
-//! identical addresses, user-level threads — each on the direct and the
-//! offloaded RMA paths. MPI-specific: a killed rank aborts the job (nobody
+//! identical addresses, user-level threads — the RMA scenarios on the direct
+//! path and on the offloaded path (with user-level and with OS threads). MPI-specific: a killed rank aborts the job (nobody
 //! hangs), a rank that finishes early gives `PeerExited`, and a crashing
 //! `OMPI_MCA_osc` setting is refused with a message naming the fix.
 
@@ -38,11 +38,13 @@ fn job_entry() {
     let Ok(name) = std::env::var(SCENARIO) else {
         return;
     };
+    let offload = std::env::var("MENPS_MPI_OFFLOAD").as_deref() == Ok("1");
     match name.as_str() {
         "ult" => {
             let com = join::<Ult>();
             let mpi = com.as_mpi().expect("on the MPI backend");
-            assert!(mpi.is_offloaded(), "user-level threads offload by default");
+            // One machine: direct unless asked for (see MpiConfig::offload).
+            assert_eq!(mpi.is_offloaded(), offload);
             scenario_ult(com)
         }
         "shm_only" => {
@@ -53,14 +55,18 @@ fn job_entry() {
             let rank = std::env::var("OMPI_COMM_WORLD_RANK").unwrap_or_default();
             println!("rank {rank}: shm_only refused: {e}");
         }
+        _ if std::env::var_os(ON_ULT).is_some() => {
+            // The scenario on the main user-level thread of a runtime (so
+            // that offloaded operations park it).
+            let com = join::<Ult>();
+            assert_eq!(com.as_mpi().expect("MPI").is_offloaded(), offload);
+            let rt = ct_worker::Runtime::builder().workers(2).build().unwrap();
+            rt.block_on(|| assert!(run_common_scenario(&name, &com), "scenario {name}"));
+        }
         _ => {
             let com = join::<OsThreads>();
             let mpi = com.as_mpi().expect("not on the MPI backend");
-            match std::env::var("MENPS_MPI_OFFLOAD").as_deref() {
-                Ok("1") => assert!(mpi.is_offloaded()),
-                // Direct is the default on OS threads.
-                _ => assert!(!mpi.is_offloaded()),
-            }
+            assert_eq!(mpi.is_offloaded(), offload);
             if !run_common_scenario(&name, &com) {
                 match name.as_str() {
                     "kill9" => scenario_kill9(&com),
@@ -71,6 +77,9 @@ fn job_entry() {
         }
     }
 }
+
+/// Set: run the scenario on user-level threads.
+const ON_ULT: &str = "MENPS_TEST_ON_ULT";
 
 fn join<U: UltItf>() -> AnyCom<U> {
     menps_dsm::launch::init_or_relaunch::<AnyCom<U>>(2).unwrap_or_else(|e| {
@@ -163,12 +172,21 @@ fn mpi_job(scenario: &str, n: usize, env: &[(&str, &str)]) -> JobRun {
     drive(cmd, &tag, |_, _| true)
 }
 
-/// The RMA paths: direct MPI calls from the calling thread, and offloading.
-const PATHS: [(&str, &str); 2] = [("direct", "0"), ("offloaded", "1")];
+/// The RMA paths: direct MPI calls from the calling OS thread, and the
+/// offloading component with user-level or OS threads.
+const PATHS: [(&str, &[(&str, &str)]); 3] = [
+    ("direct", &[("MENPS_MPI_OFFLOAD", "0")]),
+    (
+        "offloaded, user-level threads",
+        &[("MENPS_MPI_OFFLOAD", "1"), (ON_ULT, "1")],
+    ),
+    ("offloaded, OS threads", &[("MENPS_MPI_OFFLOAD", "1")]),
+];
 
-fn on_paths(scenario: &str, n: usize, line: &str) {
-    for (path, v) in PATHS {
-        let run = mpi_job(scenario, n, &[("MENPS_MPI_OFFLOAD", v)]);
+/// Runs `scenario` on the first `paths` of [`PATHS`].
+fn on_paths(scenario: &str, n: usize, paths: usize, line: &str) {
+    for (path, env) in &PATHS[..paths] {
+        let run = mpi_job(scenario, n, env);
         assert_ok(&run, n, line);
         eprintln!("{scenario} on {n} processes, {path}: {:?}", run.elapsed);
     }
@@ -188,29 +206,51 @@ fn mpi_hello_under_mpirun() {
 }
 
 #[test]
-fn mpi_rma_put_get_all_sizes_2_3_4_procs() {
-    for n in [2, 3, 4] {
-        let run = mpi_job("rma", n, &[]);
-        assert_ok(&run, n, "rma ok");
+fn menps_run_backend_mpi_starts_the_job_with_mpirun() {
+    let tag = new_tag("menps-mpi");
+    let mut cmd = clean_cmd(env!("CARGO_BIN_EXE_menps"));
+    cmd.args([
+        "run",
+        "-n",
+        "3",
+        "--backend",
+        "mpi",
+        "--prefix-output",
+        "--",
+    ])
+    .arg(std::env::current_exe().unwrap());
+    entry_args(&mut cmd);
+    cmd.env(SCENARIO, "hello").env(JOB_TAG, &tag);
+    let run = drive(cmd, &tag, |_, _| true);
+    assert!(run.status.success(), "{}", run.dump());
+    for r in 0..3 {
+        // mpirun's --tag-output prefix, then the scenario's line.
+        let want = format!("[1,{r}]<stdout>:hello {r} of 3");
+        assert!(
+            run.stdout.contains(&want),
+            "missing {want:?}: {}",
+            run.dump()
+        );
     }
-    let run = mpi_job("rma", 2, &[("MENPS_MPI_OFFLOAD", "1")]);
-    assert_ok(&run, 2, "rma ok");
+}
+
+#[test]
+fn mpi_rma_put_get_all_sizes_2_3_4_procs() {
+    on_paths("rma", 2, 3, "rma ok");
+    on_paths("rma", 3, 2, "rma ok");
+    on_paths("rma", 4, 1, "rma ok");
 }
 
 #[test]
 fn mpi_fetch_add_4_procs_exact_total() {
-    on_paths("fetch_add", 4, "fetch_add ok, total 40000");
+    on_paths("fetch_add", 4, 3, "fetch_add ok, total 40000");
 }
 
 #[test]
 fn mpi_cas_spinlock_counter_3_and_4_procs() {
     for n in [3, 4] {
-        let run = mpi_job("cas_lock", n, &[]);
-        assert_ok(
-            &run,
-            n,
-            &format!("cas_lock ok, total {}", n as u64 * LOCK_ITERS),
-        );
+        let line = format!("cas_lock ok, total {}", n as u64 * LOCK_ITERS);
+        on_paths("cas_lock", n, 2, &line);
     }
 }
 
@@ -237,9 +277,11 @@ fn mpi_identical_addresses_in_every_process() {
 }
 
 #[test]
-fn mpi_user_level_threads_offloaded() {
-    let run = mpi_job("ult", 3, &[]);
-    assert_ok(&run, 3, "ult ok");
+fn mpi_user_level_threads_direct_and_offloaded() {
+    for offload in ["0", "1"] {
+        let run = mpi_job("ult", 3, &[("MENPS_MPI_OFFLOAD", offload)]);
+        assert_ok(&run, 3, "ult ok");
+    }
 }
 
 #[test]

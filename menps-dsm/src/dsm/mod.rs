@@ -45,7 +45,7 @@
 //!
 //! // Start 2 processes of this program; each gets the communicator.
 //! let com: ShmCom<OsThreads> = menps_dsm::launch::init_or_relaunch(2)?;
-//! let dsm = Dsm::new(com)?;
+//! let dsm: Dsm<_> = Dsm::new(com)?;
 //! // Collectively: 1 MiB of shared memory, 4 KiB blocks, same address in
 //! // every process.
 //! let p = dsm.alloc_segment(1 << 20, 4096)? as *mut u64;
@@ -75,12 +75,15 @@ pub mod config;
 pub mod diff;
 pub mod error;
 pub mod fault;
+pub mod globals;
+pub mod heap;
 pub mod layout;
 mod qlock;
 pub mod segment;
 pub mod signature;
 mod space;
 mod sync;
+pub mod typed;
 
 use std::marker::PhantomData;
 
@@ -90,12 +93,15 @@ use crate::com::Communicator;
 
 pub use config::{DsmConfig, InvalidationPolicy, WriterPolicy};
 pub use error::{DsmError, DsmResult, RaceReport};
+pub use globals::DsmGlobal;
+pub use heap::{HeapStats, HeapUsage};
 pub use segment::BlockState;
 pub use space::StatsSnapshot;
+pub use typed::{DsmBox, DsmVec};
 
 use space::{AtomicOp, Space};
 
-impl<C: Communicator, U: UltItf> fault::FaultResolver for Space<C, U> {
+impl<C: Communicator + 'static, U: UltItf> fault::FaultResolver for Space<C, U> {
     fn owns(&self, addr: usize) -> bool {
         self.locate(addr).is_some()
     }
@@ -114,6 +120,8 @@ impl<C: Communicator, U: UltItf> fault::FaultResolver for Space<C, U> {
 pub struct Dsm<C: Communicator + 'static, U: UltItf = OsThreads> {
     space: &'static Space<C, U>,
     done: bool,
+    /// The heap and the globals segment ([`heap`], [`globals`]).
+    mem: heap::MemState<U>,
     _u: PhantomData<fn() -> U>,
 }
 
@@ -153,11 +161,15 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
             drop(unsafe { Box::from_raw(space as *const Space<C, U> as *mut Space<C, U>) });
             return Err(e);
         }
-        Ok(Dsm {
+        let mut dsm = Dsm {
             space,
             done: false,
+            mem: heap::MemState::default(),
             _u: PhantomData,
-        })
+        };
+        // The heap and the DSM globals (collective).
+        dsm.init_memory()?;
+        Ok(dsm)
     }
 
     /// This process's rank.

@@ -11,7 +11,7 @@ use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering
 use std::collections::BinaryHeap;
 
 use ct_sync::Mutex;
-use ct_worker::UltItf;
+use ct_worker::{JoinHandleItf, UltItf};
 
 use crate::com::{Communicator, Tag, WindowId};
 
@@ -26,6 +26,9 @@ use super::sync::SyncState;
 
 /// Tags with the top bit set are the DSM's.
 pub(crate) const DSM_TAG_BIT: Tag = 0x8000_0000;
+
+/// Write sets at least this large are released in parallel.
+const PARALLEL_RELEASE_MIN: usize = 64;
 
 /// Slots of a directory invalidation queue.
 const INVAL_CAP: usize = 4096;
@@ -170,7 +173,7 @@ pub(crate) struct Space<C: Communicator, U: UltItf> {
     pub(crate) stats: Stats,
 }
 
-impl<C: Communicator, U: UltItf> Space<C, U> {
+impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Collectively sets up the DSM on `com`.
     pub fn new(com: C, cfg: DsmConfig) -> DsmResult<Self> {
         let nprocs = com.size();
@@ -257,15 +260,40 @@ impl<C: Communicator, U: UltItf> Space<C, U> {
         self.check()?;
         let mut next = self.next_seg.lock().unwrap_or_else(|e| e.into_inner());
         let id = *next;
-        if id >= MAX_SEGMENTS {
+        // The last slots are the heap's and the globals'.
+        if id >= super::heap::FIRST_RESERVED_SLOT {
             return Err(DsmError::OutOfMemory(format!(
-                "at most {MAX_SEGMENTS} segments can exist"
+                "at most {} segments can exist",
+                super::heap::FIRST_RESERVED_SLOT
             )));
         }
         let seg = Segment::create(&self.com, id, size, block_size, image)?;
         let base = seg.base;
         self.segs[id].store(Box::into_raw(Box::new(seg)), Ordering::Release);
         *next += 1;
+        Ok(base)
+    }
+
+    /// Collectively creates a zeroed segment in the reserved slot `id` (the
+    /// heap's or the globals', outside `create_segment`'s sequence); returns
+    /// its base address.
+    pub(crate) fn create_segment_in_slot(
+        &self,
+        id: usize,
+        size: usize,
+        block_size: usize,
+    ) -> DsmResult<usize> {
+        self.check()?;
+        let _next = self.next_seg.lock().unwrap_or_else(|e| e.into_inner());
+        if !(super::heap::FIRST_RESERVED_SLOT..MAX_SEGMENTS).contains(&id) || self.seg(id).is_some()
+        {
+            return Err(DsmError::Misuse(format!(
+                "segment slot {id} is not a free reserved slot"
+            )));
+        }
+        let seg = Segment::create(&self.com, id, size, block_size, None)?;
+        let base = seg.base;
+        self.segs[id].store(Box::into_raw(Box::new(seg)), Ordering::Release);
         Ok(base)
     }
 
@@ -370,7 +398,7 @@ impl<C: Communicator, U: UltItf> Space<C, U> {
         if m.state.readable() {
             return Ok(());
         }
-        let r = self.read_upgrade(seg, idx, &mut m);
+        let r = self.read_upgrade(seg, idx, &mut m, false);
         self.guard(r)
     }
 
@@ -386,7 +414,7 @@ impl<C: Communicator, U: UltItf> Space<C, U> {
             return Ok(());
         }
         if !m.state.readable() {
-            self.read_upgrade(seg, idx, m)?;
+            self.read_upgrade(seg, idx, m, true)?;
             if m.state.writable() {
                 return Ok(());
             }
@@ -424,7 +452,16 @@ impl<C: Communicator, U: UltItf> Space<C, U> {
         }
     }
 
-    fn read_upgrade(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) -> DsmResult<()> {
+    /// Makes an invalid block readable. With `for_write` the caller makes it
+    /// writable right after, so the application view's protection is left
+    /// to it (one `mprotect` instead of two).
+    fn read_upgrade(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &mut BlockMeta,
+        for_write: bool,
+    ) -> DsmResult<()> {
         debug_assert!(!m.state.readable());
         let dirty = m.state == BlockState::InvalidDirty;
         let local_ok = if self.is_fixed_home(seg, idx) {
@@ -480,6 +517,9 @@ impl<C: Communicator, U: UltItf> Space<C, U> {
             BlockState::ReadonlyClean
         };
         self.add_to_read_set(seg, idx, m);
+        if for_write {
+            return Ok(());
+        }
         self.protect(seg, idx, m.state)
     }
 
@@ -875,9 +915,24 @@ impl<C: Communicator, U: UltItf> Space<C, U> {
         // Local stores are visible before lock words are read (fast release).
         fence(Ordering::SeqCst);
         let blocks = core::mem::take(&mut *self.write_set.lock());
+        let workers = U::num_workers();
+        let (keep, result) = if blocks.len() >= PARALLEL_RELEASE_MIN && workers > 1 {
+            self.release_parallel(blocks, workers)
+        } else {
+            self.release_list(&blocks)
+        };
+        if !keep.is_empty() {
+            self.write_set.lock().extend(keep);
+        }
+        self.guard(result)
+    }
+
+    /// Releases `blocks` one after the other; returns the ones that stay in
+    /// the write set and the first error.
+    fn release_list(&self, blocks: &[usize]) -> (Vec<usize>, DsmResult<()>) {
         let mut keep = Vec::new();
         let mut result = Ok(());
-        for &addr in &blocks {
+        for &addr in blocks {
             if result.is_err() {
                 keep.push(addr);
                 continue;
@@ -894,10 +949,42 @@ impl<C: Communicator, U: UltItf> Space<C, U> {
                 }
             }
         }
-        if !keep.is_empty() {
-            self.write_set.lock().extend(keep);
+        (keep, result)
+    }
+
+    /// Releases `blocks` in parallel, in strided chunks on threads of `U`
+    /// (Endo 2020 §3.5.3: merges of a release fence run in parallel).
+    fn release_parallel(
+        &self,
+        blocks: Vec<usize>,
+        workers: usize,
+    ) -> (Vec<usize>, DsmResult<()>) {
+        let tasks = (workers * 4).min(blocks.len() / (PARALLEL_RELEASE_MIN / 4)).max(2);
+        // SAFETY: the space is leaked by `Dsm::with_config` and only freed by
+        // `Dsm::finalize`, which consumes the only handle and so cannot run
+        // while this call (which borrows the space through it) is running;
+        // every task is joined before we return.
+        let me: &'static Self = unsafe { &*(self as *const Self) };
+        let blocks = std::sync::Arc::new(blocks);
+        let handles: Vec<_> = (1..tasks)
+            .map(|t| {
+                let blocks = blocks.clone();
+                U::spawn(move || {
+                    let mine: Vec<usize> = blocks.iter().copied().skip(t).step_by(tasks).collect();
+                    me.release_list(&mine)
+                })
+            })
+            .collect();
+        let mine: Vec<usize> = blocks.iter().copied().step_by(tasks).collect();
+        let (mut keep, mut result) = self.release_list(&mine);
+        for h in handles {
+            let (k, r) = h.join();
+            keep.extend(k);
+            if result.is_ok() {
+                result = r;
+            }
         }
-        self.guard(result)
+        (keep, result)
     }
 
     /// Releases only the blocks overlapping `[addr, addr + len)` (used when

@@ -78,7 +78,7 @@ fn mutex_tag(id: usize) -> Tag {
     DSM_TAG_BIT | ((MAX_SEGMENTS as Tag) << 24) | id as Tag
 }
 
-impl<C: Communicator, U: UltItf> Space<C, U> {
+impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     fn sync(&self) -> &SyncState<U> {
         self.sync_state()
     }

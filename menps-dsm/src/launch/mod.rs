@@ -21,7 +21,7 @@
 //! What the calls return is chosen by the caller's type ([`JoinJob`]):
 //!
 //! ```no_run
-//! use menps_dsm::com::{AnyCom, ShmCom};
+//! use menps_dsm::com::AnyCom;
 //! use ct_worker::OsThreads;
 //! // Runs on shm from `cargo run`, on MPI under `mpirun` (feature `mpi`):
 //! let com: AnyCom<OsThreads> = menps_dsm::launch::init_or_relaunch(4)?;
@@ -48,6 +48,11 @@
 //! [`Error::PeerExited`]. Windows and the control memory are `memfd`s without
 //! names, so nothing is left behind however the job ends.
 //!
+//! Under `mpirun`, MPI's rules apply instead: a process that crashes, is
+//! killed or exits without finalising makes `mpirun` abort the whole job
+//! (nobody hangs, but there is no `PeerDied`); see the `mpi` backend's
+//! documentation (`com::mpi`).
+//!
 //! # Environment variables
 //!
 //! | variable | meaning | default |
@@ -61,7 +66,7 @@
 //! | `MENPS_COLL_CHUNK_BYTES` | collective scratch per process and step | `65536` |
 //! | `MENPS_MPIRUN` | `mpirun` command of `--backend mpi` | `mpirun` |
 //! | `OMPI_MCA_osc` | (mpi) OpenMPI's one-sided component; values selecting `rdma` or `pt2pt` are refused | set to `sm,ucx` when unset |
-//! | `MENPS_MPI_OFFLOAD` | (mpi) `1`: RMA through `ct-delegate`'s offloading; `0`: direct MPI calls | `1` on user-level threads, `0` on OS threads |
+//! | `MENPS_MPI_OFFLOAD` | (mpi) `1`: RMA through `ct-delegate`'s offloading; `0`: direct MPI calls | `1` for user-level threads in a job across machines, else `0` |
 //! | `MENPS_MPI_PROGRESS_US` | (mpi) interval of the progress thread in µs, `0`: none | `1000` |
 //! | `MENPS_MPI_OSC_CHECK` | (mpi) `0`: accept any `OMPI_MCA_osc` | `1` |
 //! | `MENPS_MPI_REEXEC` | (mpi) `0`: never re-execute before `MPI_Init` (then `OMPI_MCA_osc` must be set) | `1` |
@@ -97,7 +102,7 @@ use crate::com::shm::control::{self, Control, MAX_PROCS};
 use crate::com::{Error, Result, ShmCom};
 use crate::sys;
 
-pub use job::run_job;
+pub use job::{run_job, run_mpi_job};
 
 /// Names of the environment variables (see the [module docs](self)).
 pub mod env {

@@ -26,14 +26,16 @@
 //!   become [`Error::Transport`] instead of aborting. rsmpi's safe API has
 //!   no RMA, so everything after start-up goes through its raw FFI
 //!   (`mpi::ffi`).
-//! - **Windows**: `MPI_Win_allocate` (page-aligned parts, zero-filled),
-//!   then `MPI_Win_lock_all(MPI_MODE_NOCHECK)`: one passive-target epoch for
-//!   the window's life. [`Windows::destroy_window`](crate::com::Windows)
-//!   makes the local part inaccessible at once and releases the MPI window
-//!   (`MPI_Win_unlock_all` + `MPI_Win_free`, collectively) when the
-//!   communicator is dropped — so a stale [`LocalWindow`](crate::com::LocalWindow)
-//!   pointer faults or reaches still-reserved memory, never memory reused for
-//!   something else.
+//! - **Windows**: `MPI_Win_allocate` — `MPI_Win_allocate_shared` when every
+//!   process runs on this machine, so that [`MpiCom::shared_ptr`] can map
+//!   peers' parts too — zero-filled, then `MPI_Win_lock_all(MPI_MODE_NOCHECK)`:
+//!   one passive-target epoch for the window's life.
+//!   [`Windows::destroy_window`](crate::com::Windows) forgets the id (and
+//!   makes the local part inaccessible when it is page-aligned) and releases
+//!   the MPI window (`MPI_Win_unlock_all` at once, `MPI_Win_free`
+//!   collectively when the communicator is dropped) — so a stale
+//!   [`LocalWindow`](crate::com::LocalWindow) pointer reaches still-reserved
+//!   memory, never memory reused for something else.
 //! - **RMA**: reads are `MPI_Rget`; writes `MPI_Put` + `MPI_Win_flush`
 //!   (an `Rput` request only completes locally, and the trait promises
 //!   completion at the target); compare-and-swap and fetch-and-add are
@@ -50,10 +52,15 @@
 //!   completer thread flushes and tests them in batches and completes the
 //!   [`Request`]s, and the issuing user-level thread parks until then — so
 //!   many user-level threads never contend inside the MPI library, and a
-//!   worker never blocks in it. Direct is the default on OS threads
-//!   ([`ct_worker::OsThreads`]: the offloader would start an OS thread per
-//!   busy period), offloaded on user-level threads (its threads are cheap
-//!   user-level threads). `rma` in `benches/` measures both.
+//!   worker never blocks in it. `rma` in `benches/` measures both
+//!   ([`MpiCom::set_offloaded`] switches at run time). **Default**: offloaded
+//!   for user-level threads when the job spans several machines (`osc ucx`:
+//!   a call blocks for 10–150 µs, which the hand-off to the offloader's
+//!   user-level threads, about 0.4 µs, easily pays for); direct otherwise —
+//!   on one machine (`osc sm`) a direct call takes 20–30 ns, measured against
+//!   about 440 ns through the offloader, and on OS threads
+//!   ([`ct_worker::OsThreads`]) the offloader would start OS threads per busy
+//!   period.
 //! - **Point-to-point** (`MPI_Isend`, `MPI_Improbe` + `MPI_Mrecv`): the
 //!   receiver drains every arrived message into per-(sender, tag) queues,
 //!   exactly like shm, so tag matching, per-pair FIFO order, `recv_into`'s
@@ -89,9 +96,10 @@
 //!   initialised yet; re-executing avoids `setenv` in a possibly
 //!   multi-threaded process). The same re-exec also sets
 //!   `personality(ADDR_NO_RANDOMIZE)`, so that every rank has the same
-//!   address-space layout, as with the shm launcher. `MENPS_MPI_REEXEC=0`
-//!   forbids it; then an unset `OMPI_MCA_osc` is an [`Error::BadConfig`]
-//!   asking for it.
+//!   address-space layout, as with the shm launcher. Whatever the program
+//!   did before `init` then runs twice (so join the job first);
+//!   `MENPS_MPI_REEXEC=0` forbids the re-exec, and an unset `OMPI_MCA_osc`
+//!   is then an [`Error::BadConfig`] asking for it.
 //! - if it is set to a value that selects `rdma` or `pt2pt` (e.g.
 //!   `mpirun --mca osc rdma`, or `^pt2pt`), [`MpiCom::init`] returns an
 //!   [`Error::BadConfig`] that names the crash and the fix
@@ -115,7 +123,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `OMPI_MCA_osc` | OpenMPI's one-sided component; see above | set to `sm,ucx` if unset |
-//! | `MENPS_MPI_OFFLOAD` | `1`: RMA through the offloading component; `0`: direct calls | `0` on OS threads, `1` on user-level threads |
+//! | `MENPS_MPI_OFFLOAD` | `1`: RMA through the offloading component; `0`: direct calls | `1` for user-level threads in a job across machines, else `0` |
 //! | `MENPS_MPI_PROGRESS_US` | progress-thread interval in µs (`0`: no thread) | `1000` |
 //! | `MENPS_MPI_OSC_CHECK` | `0`: accept any `OMPI_MCA_osc` | `1` |
 //! | `MENPS_MPI_REEXEC` | `0`: never re-execute before `MPI_Init` | `1` |
@@ -163,8 +171,9 @@ pub const RECOMMENDED_OSC: &str = "sm,ucx";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpiConfig {
     /// Offload RMA to `ct-delegate`'s [`Offloader`] (`Some(true)`), make
-    /// direct calls (`Some(false)`), or choose by the threading library
-    /// (`None`: offload on user-level threads, direct on OS threads).
+    /// direct calls (`Some(false)`), or choose (`None`: offload for
+    /// user-level threads when the job spans several machines; see the
+    /// [module docs](self)).
     pub offload: Option<bool>,
     /// Interval of the progress thread (`None`: no thread).
     pub progress_interval: Option<Duration>,
@@ -437,10 +446,15 @@ pub struct MpiCom<U: UltItf = Ult> {
     windows: window::WindowTable,
     coll: ct_sync::Mutex<coll::CollState, U>,
     inbox: Mutex<p2p::Inbox>,
-    offloader: Option<Arc<Offloader<RmaDevice, U>>>,
+    offloader: Arc<Offloader<RmaDevice, U>>,
+    /// Whether RMA goes through `offloader` (see [`MpiCom::set_offloaded`]).
+    offload: AtomicBool,
     departures: Departures,
     progress: Option<ProgressThread>,
     library: String,
+    /// Whether every process runs on this machine (windows are then
+    /// allocated with `MPI_Win_allocate_shared`).
+    single_node: bool,
     universe: Option<::mpi::environment::Universe>,
     _u: PhantomData<fn() -> U>,
 }
@@ -508,9 +522,10 @@ impl<U: UltItf> MpiCom<U> {
             progress: Handle(raw::dup_comm(world)?),
         };
         let (rank, size) = raw::rank_size(comms.coll.0)?;
-        let offload = config.offload.unwrap_or(
-            std::any::TypeId::of::<U>() != std::any::TypeId::of::<ct_worker::OsThreads>(),
-        );
+        let single_node = raw::node_size(world)? == size;
+        let user_level =
+            std::any::TypeId::of::<U>() != std::any::TypeId::of::<ct_worker::OsThreads>();
+        let offload = config.offload.unwrap_or(user_level && !single_node);
         let progress = config.progress_interval.map(|every| {
             let stop = Arc::new(AtomicBool::new(false));
             let s = stop.clone();
@@ -528,7 +543,8 @@ impl<U: UltItf> MpiCom<U> {
             windows: window::WindowTable::new(),
             coll: ct_sync::Mutex::new_in(coll::CollState::new()),
             inbox: Mutex::new(p2p::Inbox::default()),
-            offloader: offload.then(|| Offloader::new(RmaDevice::new(), 1024)),
+            offloader: Offloader::new(RmaDevice::new(), 1024),
+            offload: AtomicBool::new(offload),
             departures: Departures {
                 any: AtomicBool::new(false),
                 order: Mutex::new(vec![0; size]),
@@ -536,6 +552,7 @@ impl<U: UltItf> MpiCom<U> {
             },
             progress,
             library: library_version(),
+            single_node,
             universe: Some(universe),
             _u: PhantomData,
         })
@@ -543,7 +560,51 @@ impl<U: UltItf> MpiCom<U> {
 
     /// Whether RMA goes through the offloading component.
     pub fn is_offloaded(&self) -> bool {
-        self.offloader.is_some()
+        self.offload.load(Ordering::Relaxed)
+    }
+
+    /// Switches RMA between the offloading component (`true`) and direct
+    /// MPI calls (`false`) from now on — e.g. to compare both in one run.
+    /// Operations already issued complete either way; [`Rma::flush`] waits
+    /// for both kinds. With user-level threads, offloaded operations must be
+    /// issued from a running runtime (the offloader's threads are
+    /// user-level threads).
+    pub fn set_offloaded(&self, on: bool) {
+        self.offload.store(on, Ordering::Relaxed);
+    }
+
+    /// The address, in this process, of `len` bytes at `p` (bounds-checked),
+    /// if the target's part of the window is mapped here: on one machine
+    /// with `osc sm` (`MPI_Win_shared_query`); `None` otherwise (e.g. `osc
+    /// ucx`). Like `ShmCom::translate`, for baselines and local fast paths;
+    /// using the pointer is `unsafe` and subject to the window's rules.
+    pub fn shared_ptr(&self, p: RemotePtr, len: usize) -> Result<Option<*mut u8>> {
+        let win = self.windows.resolve(p, len, self.size)?;
+        let mut size: ffi::MPI_Aint = 0;
+        let mut disp_unit: c_int = 0;
+        let mut base: *mut u8 = std::ptr::null_mut();
+        // SAFETY: a live window and out-parameters (`baseptr` receives a
+        // pointer, as the call requires).
+        let rc = unsafe {
+            ffi::MPI_Win_shared_query(
+                win,
+                p.rank() as c_int,
+                &mut size,
+                &mut disp_unit,
+                (&mut base as *mut *mut u8).cast(),
+            )
+        };
+        if rc != 0 || base.is_null() || (size as u128) < u128::from(p.offset()) + len as u128 {
+            return Ok(None);
+        }
+        // SAFETY: the offset is inside the target's part (checked above).
+        Ok(Some(unsafe { base.add(p.offset() as usize) }))
+    }
+
+    /// The offloader, when RMA is offloaded now.
+    #[inline]
+    fn offloading(&self) -> Option<&Arc<Offloader<RmaDevice, U>>> {
+        self.is_offloaded().then_some(&self.offloader)
     }
 
     /// The MPI library's version string (first line).
@@ -808,17 +869,16 @@ impl<U: UltItf> MpiCom<U> {
     /// Waits until every offloaded operation issued so far has completed
     /// (and its completion callback has run).
     fn drain_offloaded(&self) -> Result<()> {
-        match &self.offloader {
-            // Nothing queued and nothing in flight (read in this order: the
-            // executor counts a command as in flight before it may stop):
-            // every operation issued before this call is complete.
-            Some(off) if off.is_executor_running() || off.in_flight() > 0 => {
-                Self::offload(off, Command::Flush, Outcome::new(0, 0))
-                    .wait()
-                    .map(drop)
-            }
-            _ => Ok(()),
+        let off = &self.offloader;
+        // Nothing queued and nothing in flight (read in this order: the
+        // executor counts a command as in flight before it may stop): every
+        // operation issued before this call is complete.
+        if !off.is_executor_running() && off.in_flight() == 0 {
+            return Ok(());
         }
+        Self::offload(off, Command::Flush, Outcome::new(0, 0))
+            .wait()
+            .map(drop)
     }
 }
 
@@ -848,7 +908,8 @@ impl<U: UltItf> Drop for MpiCom<U> {
             p.handle.thread().unpark();
             let _ = p.handle.join();
         }
-        if let Some(off) = &self.offloader {
+        {
+            let off = &self.offloader;
             // Requests dropped without waiting still complete; give them (and
             // the offloader's threads) a moment.
             let until = Instant::now() + Duration::from_secs(2);
@@ -904,7 +965,7 @@ impl<U: UltItf> Rma for MpiCom<U> {
         if len == 0 {
             return Ok(Request::ready(Ok(0)));
         }
-        match &self.offloader {
+        match self.offloading() {
             Some(off) => Ok(self.submit_rma(off, t, Kind::Get { dst, len }, Outcome::new(0, 0))),
             // SAFETY: forwarded contract.
             None => unsafe { self.direct_read(t, dst, len) }.map(|()| Request::ready(Ok(0))),
@@ -916,7 +977,7 @@ impl<U: UltItf> Rma for MpiCom<U> {
         if len == 0 {
             return Ok(Request::ready(Ok(0)));
         }
-        match &self.offloader {
+        match self.offloading() {
             Some(off) => Ok(self.submit_rma(off, t, Kind::Put { src, len }, Outcome::new(0, 0))),
             // SAFETY: forwarded contract.
             None => unsafe { self.direct_write(t, src, len) }.map(|()| Request::ready(Ok(0))),
@@ -930,7 +991,7 @@ impl<U: UltItf> Rma for MpiCom<U> {
         new: u64,
     ) -> Result<Request<U>> {
         let t = self.atomic_target(target)?;
-        match &self.offloader {
+        match self.offloading() {
             Some(off) => Ok(self.submit_rma(off, t, Kind::Cas, Outcome::new(new, expected))),
             None => Ok(Request::ready(self.direct_cas(t, expected, new))),
         }
@@ -938,7 +999,7 @@ impl<U: UltItf> Rma for MpiCom<U> {
 
     fn fetch_add_nb(&self, target: RemotePtr, delta: u64) -> Result<Request<U>> {
         let t = self.atomic_target(target)?;
-        match &self.offloader {
+        match self.offloading() {
             Some(off) => Ok(self.submit_rma(off, t, Kind::FetchAdd, Outcome::new(delta, 0))),
             None => Ok(Request::ready(self.direct_fetch_add(t, delta))),
         }
@@ -962,7 +1023,7 @@ impl<U: UltItf> Rma for MpiCom<U> {
     }
 
     fn read(&self, src: RemotePtr, dst: &mut [u8]) -> Result<()> {
-        if self.offloader.is_some() {
+        if self.is_offloaded() {
             // SAFETY: `dst` is exclusively borrowed until we have waited.
             return unsafe { self.read_nb(src, dst.as_mut_ptr(), dst.len()) }?
                 .wait()
@@ -977,7 +1038,7 @@ impl<U: UltItf> Rma for MpiCom<U> {
     }
 
     fn write(&self, dst: RemotePtr, src: &[u8]) -> Result<()> {
-        if self.offloader.is_some() {
+        if self.is_offloaded() {
             // SAFETY: `src` is borrowed until we have waited.
             return unsafe { self.write_nb(dst, src.as_ptr(), src.len()) }?
                 .wait()
@@ -992,7 +1053,7 @@ impl<U: UltItf> Rma for MpiCom<U> {
     }
 
     fn compare_and_swap(&self, target: RemotePtr, expected: u64, new: u64) -> Result<u64> {
-        if self.offloader.is_some() {
+        if self.is_offloaded() {
             return self.compare_and_swap_nb(target, expected, new)?.wait();
         }
         let t = self.atomic_target(target)?;
@@ -1000,7 +1061,7 @@ impl<U: UltItf> Rma for MpiCom<U> {
     }
 
     fn fetch_add(&self, target: RemotePtr, delta: u64) -> Result<u64> {
-        if self.offloader.is_some() {
+        if self.is_offloaded() {
             return self.fetch_add_nb(target, delta)?.wait();
         }
         let t = self.atomic_target(target)?;

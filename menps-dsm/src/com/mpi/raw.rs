@@ -147,6 +147,29 @@ pub(crate) fn rank_size(comm: ffi::MPI_Comm) -> Result<(usize, usize)> {
     Ok((r as usize, n as usize))
 }
 
+/// Number of processes of `comm` on this machine
+/// (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`).
+pub(crate) fn node_size(comm: ffi::MPI_Comm) -> Result<usize> {
+    let mut node = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+    // SAFETY: a valid communicator; constants of the MPI shim; `node` is an
+    // out-parameter.
+    check("MPI_Comm_split_type", unsafe {
+        ffi::MPI_Comm_split_type(
+            comm,
+            ffi::RSMPI_COMM_TYPE_SHARED,
+            0,
+            ffi::RSMPI_INFO_NULL,
+            node.as_mut_ptr(),
+        )
+    })?;
+    // SAFETY: the split succeeded and wrote the handle.
+    let mut node = unsafe { node.assume_init() };
+    let n = rank_size(node).map(|(_, n)| n);
+    // SAFETY: our own communicator, no longer used.
+    unsafe { ffi::MPI_Comm_free(&mut node) };
+    n
+}
+
 /// `MPI_Test`: whether `req` has completed (it becomes `MPI_REQUEST_NULL`
 /// then).
 ///

@@ -36,6 +36,16 @@ pub(crate) struct WindowTable {
     created: Mutex<Vec<(u32, Handle<ffi::MPI_Win>)>>,
 }
 
+/// The signature shared by `MPI_Win_allocate` and `MPI_Win_allocate_shared`.
+type AllocateFn = unsafe extern "C" fn(
+    ffi::MPI_Aint,
+    c_int,
+    ffi::MPI_Info,
+    ffi::MPI_Comm,
+    *mut c_void,
+    *mut ffi::MPI_Win,
+) -> c_int;
+
 #[cold]
 fn unknown(window: u32) -> Error {
     Error::UnknownWindow { window }
@@ -129,19 +139,28 @@ impl<U: UltItf> MpiCom<U> {
         })?;
         // SAFETY: MPI_Info_create succeeded.
         let mut info = unsafe { info.assume_init() };
-        // Page-aligned local parts (osc sm), so that they can be protected
-        // on destruction.
+        // Page-strided local parts (osc sm).
         // SAFETY: a valid info object and NUL-terminated strings.
         raw::check("MPI_Info_set", unsafe {
             ffi::MPI_Info_set(info, c"alloc_shared_noncontig".as_ptr(), c"true".as_ptr())
         })?;
         let mut base: *mut u8 = std::ptr::null_mut();
         let mut win = std::mem::MaybeUninit::<ffi::MPI_Win>::uninit();
+        // On one machine, a shared-memory window: the same `osc sm` RMA, and
+        // every part is also mapped in every process (`shared_ptr`).
+        let (call, allocate) = if self.single_node {
+            (
+                "MPI_Win_allocate_shared",
+                ffi::MPI_Win_allocate_shared as AllocateFn,
+            )
+        } else {
+            ("MPI_Win_allocate", ffi::MPI_Win_allocate as AllocateFn)
+        };
         // SAFETY: `base` receives the address of the local part (a pointer,
-        // as MPI_Win_allocate's `void *baseptr` requires); `win` is an
+        // as the `void *baseptr` parameter requires); `win` is an
         // out-parameter; the communicator is valid.
         let rc = unsafe {
-            ffi::MPI_Win_allocate(
+            allocate(
                 stride as ffi::MPI_Aint,
                 1,
                 info,
@@ -152,7 +171,7 @@ impl<U: UltItf> MpiCom<U> {
         };
         // SAFETY: our info object.
         unsafe { ffi::MPI_Info_free(&mut info) };
-        raw::check("MPI_Win_allocate", rc)?;
+        raw::check(call, rc)?;
         // SAFETY: MPI_Win_allocate succeeded.
         let win = unsafe { win.assume_init() };
         // SAFETY: our new window.

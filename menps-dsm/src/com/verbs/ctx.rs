@@ -48,7 +48,12 @@ pub(crate) struct Ctx {
     pub(crate) ethernet: bool,
     pub(crate) max_msg: usize,
     pub(crate) sq_depth: u32,
-    pub(crate) rd_atomic: u8,
+    /// Completion-queue entries (bounds the work requests in flight).
+    pub(crate) cqe: u32,
+    /// Outstanding RDMA reads / atomics as initiator.
+    pub(crate) rd_atomic_init: u8,
+    /// … and as responder.
+    pub(crate) rd_atomic_resp: u8,
     pub(crate) atomic_cap: ibv_atomic_cap::Type,
 }
 
@@ -139,7 +144,9 @@ impl Ctx {
             ethernet: false,
             max_msg: 1 << 30,
             sq_depth: 128,
-            rd_atomic: 1,
+            cqe: 64,
+            rd_atomic_init: 1,
+            rd_atomic_resp: 1,
             atomic_cap: ibv_atomic_cap::IBV_ATOMIC_NONE,
         };
         // From here on `me`'s Drop releases whatever was created.
@@ -187,7 +194,8 @@ impl Ctx {
         me.ethernet = port.link_layer == LINK_LAYER_ETHERNET;
         me.max_msg = (port.max_msg_sz as usize).clamp(4096, 1 << 30);
         me.sq_depth = (dev.max_qp_wr.max(16) as u32).min(256);
-        me.rd_atomic = dev.max_qp_rd_atom.clamp(1, 16) as u8;
+        me.rd_atomic_init = dev.max_qp_init_rd_atom.clamp(1, 16) as u8;
+        me.rd_atomic_resp = dev.max_qp_rd_atom.clamp(1, 16) as u8;
         me.atomic_cap = dev.atomic_cap;
         // SAFETY: an open context.
         me.pd = unsafe { ibv_alloc_pd(ctx) };
@@ -206,6 +214,9 @@ impl Ctx {
                 errno_text()
             )));
         }
+        // SAFETY: a live completion queue; its `cqe` is the real capacity
+        // (the adapter may round the request up).
+        me.cqe = unsafe { (*me.cq).cqe }.max(1) as u32;
         Ok(Arc::new(me))
     }
 
@@ -385,7 +396,10 @@ impl Qp {
         a.qp_state = ibv_qp_state::IBV_QPS_INIT;
         a.pkey_index = 0;
         a.port_num = ctx.port;
-        a.qp_access_flags = remote_access() as u32;
+        a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_REMOTE_READ
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)
+            .0;
         let mask = ibv_qp_attr_mask::IBV_QP_STATE
             | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
             | ibv_qp_attr_mask::IBV_QP_PORT
@@ -423,7 +437,7 @@ impl Qp {
         a.path_mtu = c.mtu;
         a.dest_qp_num = remote.qpn;
         a.rq_psn = remote.psn;
-        a.max_dest_rd_atomic = c.rd_atomic;
+        a.max_dest_rd_atomic = c.rd_atomic_resp;
         a.min_rnr_timer = 12;
         a.ah_attr.dlid = remote.lid;
         a.ah_attr.sl = 0;
@@ -452,7 +466,7 @@ impl Qp {
         a.retry_cnt = 7;
         a.rnr_retry = 7;
         a.sq_psn = self.psn;
-        a.max_rd_atomic = c.rd_atomic;
+        a.max_rd_atomic = c.rd_atomic_init;
         let mask = ibv_qp_attr_mask::IBV_QP_STATE
             | ibv_qp_attr_mask::IBV_QP_TIMEOUT
             | ibv_qp_attr_mask::IBV_QP_RETRY_CNT

@@ -306,7 +306,22 @@ impl VerbsDevice {
             }
             _ => 1,
         };
-        if self.outstanding[rank] + pieces_needed > self.ctx.sq_depth {
+        if pieces_needed > self.ctx.sq_depth {
+            // Could never be posted: fail it rather than retry for ever.
+            out.fail(Error::InvalidArgument(format!(
+                "RDMA transfer needs {pieces_needed} work requests of at most {} bytes, more \
+                 than the send queue holds ({})",
+                self.ctx.max_msg, self.ctx.sq_depth
+            )));
+            self.ready.push_back(tag);
+            return Ok(());
+        }
+        let total: u32 = self.outstanding.iter().sum();
+        if self.outstanding[rank] + pieces_needed > self.ctx.sq_depth
+            || total + pieces_needed > self.ctx.cqe
+        {
+            // Completions will free room (the completion queue must never
+            // overflow: every work request is signalled).
             return Err(kind);
         }
         let (opcode, local, len, atomic, keep) = match kind {

@@ -20,7 +20,8 @@
 //! # #[cfg(feature = "verbs")] {
 //! use menps_dsm::com::{AnyCom, Rma, VerbsCom, Windows};
 //! let boot: AnyCom<ct_worker::OsThreads> = menps_dsm::launch::init_or_relaunch(2)?;
-//! let com = VerbsCom::new(boot)?; // RMA over RDMA; messages over the bootstrap
+//! // RMA over RDMA; messages and collectives over the bootstrap:
+//! let com: VerbsCom<_, ct_worker::OsThreads> = VerbsCom::new(boot)?;
 //! let w = com.create_window(1 << 20)?;
 //! com.fetch_add(w.at(0, 0), 1)?;
 //! # }
