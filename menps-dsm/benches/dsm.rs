@@ -5,16 +5,22 @@
 //! The binary is a driver: it starts one job per process count (and per
 //! protocol variant for `protocol`) by running itself with `MENPS_NPROCS`
 //! and `MENPS_DSM_*` set; rank 0 of each job prints JSON lines.
+//!
+//! With `--backend mpi` (build with `--features mpi`) each job is started
+//! with `mpirun --oversubscribe -n P` instead and runs on the MPI backend;
+//! its lines name the implementation with a `-mpi` suffix (`menps-mpi`,
+//! `comm-barrier-mpi`, ...).
 
 use std::process::Command;
 
 use ct_bench::{Args, Param, Stats, emit, repeat, time_secs};
 use ct_worker::OsThreads;
-use menps_dsm::com::{Coll, ShmCom};
+use menps_dsm::com::{AnyCom, Coll};
 use menps_dsm::dsm::Dsm;
 
 const HELP: &str = "\
 dsm [--parts barrier,read,false-sharing,protocol] [--procs 2,4] [--runs 7]
+    [--backend shm|mpi]
     [--barriers 2000] [--read-sizes 4096,65536,1048576,16777216]
     [--read-blocks 32768,4096] [--stripes 8,64,512,4096,32768] [--fs-iters 200]
     [--protocol-iters 30] [--wn-lists 16,1024]
@@ -28,11 +34,12 @@ false-sharing  every process writes its stripes of one 32 KiB block (stripes
 protocol       CG-like sparse mat-vec iterations (us per iteration) under
                {floating, fixed} x {hybrid, timestamp, directory}, and hybrid
                with several write-notice list lengths.
+--backend mpi  start the jobs with mpirun (needs the `mpi` feature).
 Targets (2 processes): barrier <= 5 us whatever the DSM size; false sharing
 <= 60 us at every stripe; read >= 2000 MB/s at 1 and 16 MiB, >= 400 MB/s at
 4 KiB; with 4 processes every figure >= 2x better than ArgoDSM's.";
 
-type D = Dsm<ShmCom<OsThreads>, OsThreads>;
+type D = Dsm<AnyCom<OsThreads>, OsThreads>;
 
 const CHILD: &str = "MENPS_DSM_BENCH_PART";
 
@@ -62,6 +69,11 @@ fn drive(args: &Args) {
     let procs: Vec<usize> = args.list("procs", &[2, 4]);
     let exe = std::env::current_exe().expect("current exe");
     let passthrough: Vec<String> = std::env::args().skip(1).collect();
+    let backend: String = args.get("backend", "shm".to_string());
+    if backend != "shm" && backend != "mpi" {
+        eprintln!("dsm bench: --backend must be shm or mpi");
+        std::process::exit(2);
+    }
     let mut failed = false;
     for part in &parts {
         for &p in &procs {
@@ -87,7 +99,22 @@ fn drive(args: &Args) {
                 vec![vec![]]
             };
             for vars in variants {
-                let mut cmd = Command::new(&exe);
+                let mut cmd = if backend == "mpi" {
+                    let mut c = Command::new("mpirun");
+                    c.args(["-n", &p.to_string(), "--oversubscribe"]);
+                    // SAFETY: geteuid has no preconditions.
+                    if unsafe { libc::geteuid() } == 0 {
+                        c.arg("--allow-run-as-root");
+                    }
+                    // mpirun forwards the variables named with -x.
+                    for k in [CHILD].iter().chain(vars.iter().map(|(k, _)| k)) {
+                        c.args(["-x", k]);
+                    }
+                    c.arg(&exe);
+                    c
+                } else {
+                    Command::new(&exe)
+                };
                 cmd.args(&passthrough)
                     .env(CHILD, part)
                     .env("MENPS_NPROCS", p.to_string());
@@ -108,7 +135,7 @@ fn drive(args: &Args) {
 }
 
 fn job(part: &str, args: &Args) {
-    let com: ShmCom<OsThreads> = menps_dsm::launch::init_or_relaunch(2).unwrap_or_else(|e| {
+    let com: AnyCom<OsThreads> = menps_dsm::launch::init_or_relaunch(2).unwrap_or_else(|e| {
         eprintln!("dsm bench: {e}");
         std::process::exit(2)
     });
@@ -117,6 +144,11 @@ fn job(part: &str, args: &Args) {
         std::process::exit(2)
     });
     let b = Bench {
+        suffix: if dsm.com().backend_name() == "shm" {
+            ""
+        } else {
+            "-mpi"
+        },
         dsm: &dsm,
         runs: args.get("runs", 7),
     };
@@ -145,6 +177,8 @@ fn job(part: &str, args: &Args) {
 struct Bench<'a> {
     dsm: &'a D,
     runs: usize,
+    /// Appended to the implementation's name (`-mpi` on the MPI backend).
+    suffix: &'static str,
 }
 
 impl Bench<'_> {
@@ -152,7 +186,14 @@ impl Bench<'_> {
         if self.dsm.rank() == 0 {
             let mut p: Vec<(&str, Param)> = vec![("procs", self.dsm.nprocs().into())];
             p.extend(params.iter().cloned());
-            emit("menps-dsm", bench, imp, &p, unit, s);
+            emit(
+                "menps-dsm",
+                bench,
+                &format!("{imp}{}", self.suffix),
+                &p,
+                unit,
+                s,
+            );
         }
     }
 

@@ -119,14 +119,19 @@ fn unrelated_segfaults_still_crash() {
     for scenario in ["segv_outside", "segv_null"] {
         let run = one_process(scenario);
         assert!(!run.status.success(), "{scenario}: {}", run.dump());
-        assert!(!run.stdout.contains("not reached"), "{scenario}: {}", run.dump());
+        assert!(
+            !run.stdout.contains("not reached"),
+            "{scenario}: {}",
+            run.dump()
+        );
         // The launcher reports the signal.
         assert!(run.stderr.contains("SIGSEGV"), "{scenario}: {}", run.dump());
         let _ = run.status.signal();
     }
     let run = one_process("segv_outside");
     assert!(
-        run.stderr.contains("inside the DSM range but in no segment"),
+        run.stderr
+            .contains("inside the DSM range but in no segment"),
         "{}",
         run.dump()
     );
@@ -148,7 +153,11 @@ fn disabled_fault_handling_crashes_clearly() {
     let run = one_process("disabled_thread");
     assert!(!run.status.success(), "{}", run.dump());
     assert!(!run.stdout.contains("not reached"), "{}", run.dump());
-    assert!(run.stderr.contains("DSM fault handling disabled"), "{}", run.dump());
+    assert!(
+        run.stderr.contains("DSM fault handling disabled"),
+        "{}",
+        run.dump()
+    );
 }
 
 #[test]
@@ -172,7 +181,11 @@ fn bad_configuration_is_a_clear_error() {
         .env("MENPS_DSM_WRITER", "sideways");
     let run = drive(cmd, &new_tag("bad_config"), |_, _| false);
     assert!(!run.status.success(), "{}", run.dump());
-    assert!(run.stderr.contains("MENPS_DSM_WRITER=\"sideways\""), "{}", run.dump());
+    assert!(
+        run.stderr.contains("MENPS_DSM_WRITER=\"sideways\""),
+        "{}",
+        run.dump()
+    );
 }
 
 #[test]

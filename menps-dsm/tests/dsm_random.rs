@@ -54,8 +54,10 @@
 //! epoch does to those bytes.
 //!
 //! `rewritten_block_is_never_stale_after_a_barrier` is the reduced form of
-//! the stale copies these programs found with the floating home; it is
-//! ignored until the DSM is fixed (`-- --ignored` runs it).
+//! the stale copies these programs found with the floating home (a read
+//! transaction copied the home's unreleased writes into its twin, so its
+//! release announced nothing; the copy back now happens only when the block
+//! migrates).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -1418,8 +1420,6 @@ fn checker_detects_a_missing_dsm_barrier() {
 /// The reduced form of the stale copies the random programs find with the
 /// floating home (see [`rewrite`]), with 4 processes under every policy.
 #[test]
-#[ignore = "fails: DSM bug, a copy fetched while its block is rewritten by the same writer \
-            survives the next barrier (floating home); run with --ignored"]
 fn rewritten_block_is_never_stale_after_a_barrier() {
     let mut bad = Vec::new();
     for &pol in &POLICIES {

@@ -1,10 +1,10 @@
 //! The communication layer: what the DSM needs from the network, as traits,
 //! so that the DSM is generic over the backend.
 //!
-//! | trait | role | MPI-3 counterpart (future `mpi` backend) |
+//! | trait | role | MPI-3 counterpart (the `mpi` backend) |
 //! |---|---|---|
 //! | [`Comm`] | who am I, how many | `MPI_Comm_rank` / `_size` |
-//! | [`Windows`] | collective registration of memory | `MPI_Win_allocate` / `MPI_Win_free` |
+//! | [`Windows`] | collective registration of page-aligned shared memory | `MPI_Win_allocate_shared` or `MPI_Win_create` / `MPI_Win_free` |
 //! | [`Rma`] | one-sided read, write, CAS, fetch-add, flush | `MPI_Rget`/`Rput`/`Compare_and_swap`/`Fetch_and_op` + `MPI_Win_flush` |
 //! | [`P2p`] | small tagged messages (lock hand-off) | `MPI_Isend`/`Irecv` |
 //! | [`Coll`] | barrier, broadcast, allgather | `MPI_Barrier`/`Bcast`/`Allgather` |
@@ -59,11 +59,32 @@ pub trait Comm: Send + Sync {
 }
 
 /// Registration of memory that every process can access one-sidedly.
+///
+/// # The local part
+///
+/// Every backend guarantees, for every window of at least one byte, that
+/// this process's part ([`Windows::local_window`]):
+///
+/// 1. starts at a page boundary and is mapped read-write for the page-rounded
+///    length (accesses past `bytes` up to the page end are harmless but not
+///    seen by RMA);
+/// 2. is a `MAP_SHARED` mapping, so that the same pages can be mapped a
+///    second time (`mremap` with an old size of 0) — the DSM's application
+///    view of a segment is such an alias of the segment's `data` window;
+/// 3. is what [`RemotePtr`] offsets address: offset `o` of rank `r` is byte
+///    `o` of `r`'s local part (a backend whose native memory starts
+///    elsewhere translates offsets itself);
+/// 4. stays where it is until the window is destroyed.
+///
+/// Plain loads and stores to the local part and RMA from other processes
+/// see each other once the usual synchronisation ([`Rma::flush`] by the
+/// writer, then a message, collective or atomic) orders them.
 pub trait Windows: Comm {
     /// Collectively creates a window: every process calls this in the same
     /// order with the same `bytes`, and gets a local part of `bytes` bytes
-    /// (zero-filled) that all the others can access with [`Rma`]. The id is
-    /// the same in every process.
+    /// (zero-filled, page-aligned and shared-mappable, see [above](Windows))
+    /// that all the others can access with [`Rma`]. The id is the same in
+    /// every process.
     fn create_window(&self, bytes: usize) -> Result<WindowId>;
 
     /// Collectively destroys a window (every process, same order). No RMA to
@@ -281,7 +302,8 @@ impl LocalWindow {
     ///
     /// # Safety
     /// `ptr..ptr+len` must be this process's part of window `id`, mapped
-    /// read-write, 8-byte aligned, and follow the reservation rule of
+    /// read-write, and follow the rules of [`Windows`] (page-aligned shared
+    /// mapping, unless `len` is 0) and the reservation rule of
     /// [`Windows::destroy_window`].
     pub unsafe fn from_raw(id: WindowId, ptr: *mut u8, len: usize) -> Self {
         LocalWindow { id, ptr, len }

@@ -229,6 +229,16 @@ impl<U: UltItf> Segment<U> {
         let meta_win = com.create_window(nblocks * META_BYTES)?;
         let data = com.local_window(data_win)?.as_ptr();
         let twin = com.local_window(twin_win)?.as_ptr();
+        // The application view aliases the system view's pages (below), which
+        // every backend's windows allow (see `Windows`); a backend that broke
+        // the rule would make mremap fail less clearly.
+        if !(data as usize).is_multiple_of(crate::sys::page_size()) {
+            return Err(DsmError::AddressSpace(format!(
+                "the communication backend gave segment {id} a data window at {data:p}, which \
+                 is not page-aligned: the DSM needs window parts that are page-aligned shared \
+                 mappings (see `com::Windows`)"
+            )));
+        }
         let base = layout::segment_base(id);
         if let Some(img) = image {
             if img.len() > size {

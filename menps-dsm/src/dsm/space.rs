@@ -696,6 +696,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut written = false;
         let mut exported = false;
         let mut copied_back_to = None;
+        // The version taken from the old home, kept for the copy back.
+        let mut taken: Option<Tmp<'_>> = None;
         if !remote {
             if dirty {
                 written = diff::differs(data, twin);
@@ -753,10 +755,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 } else {
                     data.copy_from_slice(&tmp.buf);
                 }
-                // Copy back: the exported version becomes the old home's base
-                // version, so its later diffs hold only later writes.
-                self.com.write(seg.twin_win.at(home, off), tmp.bytes())?;
-                copied_back_to = Some(home);
+                taken = Some(tmp);
             }
         }
         // An atomic operation on the merged copy (in the twin too, so it is
@@ -782,6 +781,17 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     copied_back_to = Some(home);
                 }
             }
+        }
+        // Copy back, when the block migrates to us (we wrote it): the version
+        // we took becomes the old home's base version, so its later diffs
+        // hold only its later writes. Not when we only read it: the old home
+        // stays the last writer, and its unreleased writes (which we may
+        // have taken) must stay in its diff, so its release announces them.
+        if let Some(t) = taken
+            && written
+        {
+            self.com.write(seg.twin_win.at(home, off), t.bytes())?;
+            copied_back_to = Some(home);
         }
         // Timestamps.
         let (wr, rd) = self.next_interval(lad, written);
@@ -954,12 +964,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// Releases `blocks` in parallel, in strided chunks on threads of `U`
     /// (Endo 2020 §3.5.3: merges of a release fence run in parallel).
-    fn release_parallel(
-        &self,
-        blocks: Vec<usize>,
-        workers: usize,
-    ) -> (Vec<usize>, DsmResult<()>) {
-        let tasks = (workers * 4).min(blocks.len() / (PARALLEL_RELEASE_MIN / 4)).max(2);
+    fn release_parallel(&self, blocks: Vec<usize>, workers: usize) -> (Vec<usize>, DsmResult<()>) {
+        let tasks = (workers * 4)
+            .min(blocks.len() / (PARALLEL_RELEASE_MIN / 4))
+            .max(2);
         // SAFETY: the space is leaked by `Dsm::with_config` and only freed by
         // `Dsm::finalize`, which consumes the only handle and so cannot run
         // while this call (which borrows the space through it) is running;

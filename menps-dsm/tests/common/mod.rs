@@ -1,8 +1,8 @@
-//! Shared by the multi-process test suites (`shm.rs`, `mpi.rs`): the
-//! scenarios every backend must pass, generic over
+//! Shared by the multi-process test suites (`shm.rs`, `mpi.rs`, the DSM's
+//! `dsm*.rs`): the scenarios every backend must pass, generic over
 //! [`Communicator`](menps_dsm::com::Communicator), and the driver that runs a
-//! job in its own process group with a time limit and checks that nothing of
-//! it is left behind.
+//! job (directly or under `mpirun`) in its own process group with a time
+//! limit and checks that nothing of it is left behind.
 
 #![allow(dead_code)]
 
@@ -61,6 +61,42 @@ pub const SIZES: &[usize] = &[
 pub const OFFSETS: &[u64] = &[0, 1, 7, 8, 13, 4093];
 pub const GUARD: usize = 64;
 
+/// Checks the `Windows` guarantee the DSM relies on: the (fresh, not yet
+/// accessed by anyone) local part is page-aligned and a shared mapping — a
+/// second mapping of its pages (`mremap` with old size 0) sees its bytes
+/// both ways.
+pub fn assert_aliasable(local: &menps_dsm::com::LocalWindow) {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let p = local.as_ptr();
+    assert!(
+        (p as usize).is_multiple_of(page),
+        "local part at {p:p} is not page-aligned"
+    );
+    let len = local.len().next_multiple_of(page).min(4 * page);
+    // SAFETY: duplicates (does not move) our own mapping of the local part
+    // at an address the kernel chooses; nothing else is affected.
+    let alias = unsafe { libc::mremap(p.cast(), 0, len, libc::MREMAP_MAYMOVE) };
+    assert_ne!(
+        alias,
+        libc::MAP_FAILED,
+        "local part at {p:p} cannot be aliased (not a shared mapping): {}",
+        std::io::Error::last_os_error()
+    );
+    let alias = alias.cast::<u8>();
+    // SAFETY: the first byte of the local part, which no other process
+    // accesses before the scenario's first barrier, through both mappings
+    // (volatile: the compiler must not assume they are distinct); restored
+    // to 0 afterwards; then our alias is unmapped.
+    unsafe {
+        alias.write_volatile(0x5a);
+        assert_eq!(p.read_volatile(), 0x5a, "the alias does not share memory");
+        p.write_volatile(0);
+        assert_eq!(alias.read_volatile(), 0, "the alias does not share memory");
+        libc::munmap(alias.cast(), len);
+    }
+}
+
 /// Put/get of every size class at odd offsets into the next rank's window,
 /// checked at the target (including untouched guard bytes on both sides)
 /// and read back remotely; then every misuse error.
@@ -70,6 +106,7 @@ pub fn scenario_rma<C: Communicator>(com: &C) {
     let win = com.create_window(bytes).unwrap();
     let local = com.local_window(win).unwrap();
     assert_eq!(local.len(), bytes);
+    assert_aliasable(&local);
     let target = (me + 1) % n;
     let writer = (me + n - 1) % n;
     let mut iteration = 0u64;
@@ -764,6 +801,36 @@ pub fn entry_args(cmd: &mut Command) {
         "--test-threads=1",
         "-q",
     ]);
+}
+
+/// The `mpirun` program (`MENPS_TEST_MPIRUN` overrides `mpirun`).
+pub fn mpirun_program() -> String {
+    std::env::var("MENPS_TEST_MPIRUN").unwrap_or_else(|_| "mpirun".into())
+}
+
+/// Runs this test binary's `job_entry` as `mpirun --oversubscribe -n n`
+/// (plus `--allow-run-as-root` as root), with [`SCENARIO`] = `scenario` and
+/// `env` set in every process (forwarded with `-x`), driven like every job
+/// ([`drive`]: time limit, no leftovers).
+pub fn mpirun_job(scenario: &str, n: usize, env: &[(&str, &str)]) -> JobRun {
+    let tag = new_tag(scenario);
+    let mut cmd = clean_cmd(mpirun_program());
+    cmd.args(["-n", &n.to_string(), "--oversubscribe"]);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        cmd.arg("--allow-run-as-root");
+    }
+    let mut vars: Vec<(String, String)> = vec![
+        (SCENARIO.into(), scenario.into()),
+        (JOB_TAG.into(), tag.clone()),
+    ];
+    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    for (k, v) in &vars {
+        cmd.env(k, v).args(["-x", k]);
+    }
+    cmd.arg(std::env::current_exe().unwrap());
+    entry_args(&mut cmd);
+    drive(cmd, &tag, |_, _| true)
 }
 
 pub fn assert_ok(run: &JobRun, n: usize, line: &str) {

@@ -26,16 +26,22 @@
 //!   become [`Error::Transport`] instead of aborting. rsmpi's safe API has
 //!   no RMA, so everything after start-up goes through its raw FFI
 //!   (`mpi::ffi`).
-//! - **Windows**: `MPI_Win_allocate` — `MPI_Win_allocate_shared` when every
-//!   process runs on this machine, so that [`MpiCom::shared_ptr`] can map
-//!   peers' parts too — zero-filled, then `MPI_Win_lock_all(MPI_MODE_NOCHECK)`:
-//!   one passive-target epoch for the window's life.
-//!   [`Windows::destroy_window`](crate::com::Windows) forgets the id (and
-//!   makes the local part inaccessible when it is page-aligned) and releases
-//!   the MPI window (`MPI_Win_unlock_all` at once, `MPI_Win_free`
-//!   collectively when the communicator is dropped) — so a stale
-//!   [`LocalWindow`](crate::com::LocalWindow) pointer reaches still-reserved
-//!   memory, never memory reused for something else.
+//! - **Windows** ([`WindowFlavor`], `MENPS_MPI_WINDOWS`): local parts are
+//!   page-aligned `MAP_SHARED` mappings, as [`Windows`](crate::com::Windows)
+//!   guarantees (the DSM maps them a second time as its application view).
+//!   On one machine, `MPI_Win_allocate_shared` (`osc sm`; [`MpiCom::shared_ptr`]
+//!   can then map peers' parts too) with one spare page, exposing the
+//!   page-aligned part inside it — RMA adds each target's distance from the
+//!   start of its allocation, exchanged at creation. Across machines, a
+//!   `memfd` of our own mapped `MAP_SHARED`, registered with
+//!   `MPI_Win_create` (`osc ucx`). Zero-filled, then
+//!   `MPI_Win_lock_all(MPI_MODE_NOCHECK)`: one passive-target epoch for the
+//!   window's life. [`Windows::destroy_window`](crate::com::Windows) forgets
+//!   the id, makes the local part inaccessible and releases the MPI window
+//!   (`MPI_Win_unlock_all` at once, `MPI_Win_free` collectively when the
+//!   communicator is dropped) — so a stale
+//!   [`LocalWindow`](crate::com::LocalWindow) pointer faults, never reaching
+//!   memory reused for something else.
 //! - **RMA**: reads are `MPI_Rget`; writes `MPI_Put` + `MPI_Win_flush`
 //!   (an `Rput` request only completes locally, and the trait promises
 //!   completion at the target); compare-and-swap and fetch-and-add are
@@ -124,6 +130,7 @@
 //! |---|---|---|
 //! | `OMPI_MCA_osc` | OpenMPI's one-sided component; see above | set to `sm,ucx` if unset |
 //! | `MENPS_MPI_OFFLOAD` | `1`: RMA through the offloading component; `0`: direct calls | `1` for user-level threads in a job across machines, else `0` |
+//! | `MENPS_MPI_WINDOWS` | `shared` or `create`: how windows are made ([`WindowFlavor`]; `shared` needs one machine) | `shared` on one machine, else `create` |
 //! | `MENPS_MPI_PROGRESS_US` | progress-thread interval in µs (`0`: no thread) | `1000` |
 //! | `MENPS_MPI_OSC_CHECK` | `0`: accept any `OMPI_MCA_osc` | `1` |
 //! | `MENPS_MPI_REEXEC` | `0`: never re-execute before `MPI_Init` | `1` |
@@ -147,6 +154,7 @@ use ct_worker::{Ult, UltItf};
 use super::{Comm, Error, RemotePtr, Request, Result, Rma, RmaRequest};
 use device::{Command, Kind, Outcome, RmaDevice};
 use raw::Handle;
+pub use window::WindowFlavor;
 
 /// Names of the environment variables this backend reads.
 pub mod env {
@@ -160,6 +168,9 @@ pub mod env {
     pub const OSC_CHECK: &str = "MENPS_MPI_OSC_CHECK";
     /// `0`: never re-execute before `MPI_Init`.
     pub const REEXEC: &str = "MENPS_MPI_REEXEC";
+    /// `shared` / `create` / `auto`: how windows are made
+    /// ([`WindowFlavor`](super::WindowFlavor)).
+    pub const WINDOWS: &str = "MENPS_MPI_WINDOWS";
     /// Set in the environment of the re-executed process.
     pub const REEXECED: &str = "MENPS_MPI_REEXECED";
 }
@@ -177,6 +188,9 @@ pub struct MpiConfig {
     pub offload: Option<bool>,
     /// Interval of the progress thread (`None`: no thread).
     pub progress_interval: Option<Duration>,
+    /// How windows are made (`None`: [`WindowFlavor::Shared`] when every
+    /// process runs on this machine, [`WindowFlavor::Created`] otherwise).
+    pub windows: Option<WindowFlavor>,
     /// Refuse `OMPI_MCA_osc` values known to crash or fail.
     pub osc_check: bool,
     /// Allow re-executing the process before `MPI_Init` (to set
@@ -189,6 +203,7 @@ impl Default for MpiConfig {
         MpiConfig {
             offload: None,
             progress_interval: Some(Duration::from_millis(1)),
+            windows: None,
             osc_check: true,
             reexec: true,
         }
@@ -221,6 +236,14 @@ impl MpiConfig {
                 ))
             })?;
             c.progress_interval = (us > 0).then(|| Duration::from_micros(us));
+        }
+        if let Ok(v) = std::env::var(env::WINDOWS) {
+            c.windows = WindowFlavor::parse(&v).ok_or_else(|| {
+                Error::BadConfig(format!(
+                    "{}={v:?} must be `shared`, `create` or `auto`",
+                    env::WINDOWS
+                ))
+            })?;
         }
         if let Some(v) = env_flag(env::OSC_CHECK)? {
             c.osc_check = v;
@@ -452,9 +475,8 @@ pub struct MpiCom<U: UltItf = Ult> {
     departures: Departures,
     progress: Option<ProgressThread>,
     library: String,
-    /// Whether every process runs on this machine (windows are then
-    /// allocated with `MPI_Win_allocate_shared`).
-    single_node: bool,
+    /// How windows are made.
+    window_flavor: WindowFlavor,
     universe: Option<::mpi::environment::Universe>,
     _u: PhantomData<fn() -> U>,
 }
@@ -526,6 +548,18 @@ impl<U: UltItf> MpiCom<U> {
         let user_level =
             std::any::TypeId::of::<U>() != std::any::TypeId::of::<ct_worker::OsThreads>();
         let offload = config.offload.unwrap_or(user_level && !single_node);
+        let window_flavor = match config.windows {
+            None if single_node => WindowFlavor::Shared,
+            None => WindowFlavor::Created,
+            Some(WindowFlavor::Shared) if !single_node => {
+                return Err(Error::BadConfig(format!(
+                    "{}=shared needs every process on one machine (MPI_Win_allocate_shared); \
+                     this job spans several: use `create` or leave it unset",
+                    env::WINDOWS
+                )));
+            }
+            Some(f) => f,
+        };
         let progress = config.progress_interval.map(|every| {
             let stop = Arc::new(AtomicBool::new(false));
             let s = stop.clone();
@@ -552,7 +586,7 @@ impl<U: UltItf> MpiCom<U> {
             },
             progress,
             library: library_version(),
-            single_node,
+            window_flavor,
             universe: Some(universe),
             _u: PhantomData,
         })
@@ -561,6 +595,11 @@ impl<U: UltItf> MpiCom<U> {
     /// Whether RMA goes through the offloading component.
     pub fn is_offloaded(&self) -> bool {
         self.offload.load(Ordering::Relaxed)
+    }
+
+    /// How this communicator makes windows.
+    pub fn window_flavor(&self) -> WindowFlavor {
+        self.window_flavor
     }
 
     /// Switches RMA between the offloading component (`true`) and direct
@@ -579,7 +618,7 @@ impl<U: UltItf> MpiCom<U> {
     /// ucx`). Like `ShmCom::translate`, for baselines and local fast paths;
     /// using the pointer is `unsafe` and subject to the window's rules.
     pub fn shared_ptr(&self, p: RemotePtr, len: usize) -> Result<Option<*mut u8>> {
-        let win = self.windows.resolve(p, len, self.size)?;
+        let (win, disp) = self.windows.resolve(p, len, self.size)?;
         let mut size: ffi::MPI_Aint = 0;
         let mut disp_unit: c_int = 0;
         let mut base: *mut u8 = std::ptr::null_mut();
@@ -594,11 +633,14 @@ impl<U: UltItf> MpiCom<U> {
                 (&mut base as *mut *mut u8).cast(),
             )
         };
-        if rc != 0 || base.is_null() || (size as u128) < u128::from(p.offset()) + len as u128 {
+        // `disp` counts from the start of the target's allocation, which
+        // ends after its (aligned) part.
+        if rc != 0 || base.is_null() || (size as i128) < disp as i128 + len as i128 {
             return Ok(None);
         }
-        // SAFETY: the offset is inside the target's part (checked above).
-        Ok(Some(unsafe { base.add(p.offset() as usize) }))
+        // SAFETY: the range is inside the target's allocation (checked
+        // above).
+        Ok(Some(unsafe { base.add(disp as usize) }))
     }
 
     /// The offloader, when RMA is offloaded now.
@@ -745,8 +787,8 @@ impl<U: UltItf> MpiCom<U> {
     /// Resolves `p` for an access of `len` bytes: (window, rank, disp).
     #[inline]
     fn target(&self, p: RemotePtr, len: usize) -> Result<(ffi::MPI_Win, c_int, ffi::MPI_Aint)> {
-        let win = self.windows.resolve(p, len, self.size)?;
-        Ok((win, p.rank() as c_int, p.offset() as ffi::MPI_Aint))
+        let (win, disp) = self.windows.resolve(p, len, self.size)?;
+        Ok((win, p.rank() as c_int, disp))
     }
 
     #[inline]

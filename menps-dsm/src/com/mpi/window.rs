@@ -1,7 +1,29 @@
-//! Windows on MPI: `MPI_Win_allocate` + `MPI_Win_lock_all`, in a fixed
-//! table so that resolving a [`RemotePtr`] costs one acquire load and a
-//! bounds check, as on shm.
+//! Windows on MPI, in a fixed table so that resolving a [`RemotePtr`] costs
+//! a few loads and a bounds check, as on shm.
+//!
+//! Every window's local part is page-aligned, a whole number of pages and a
+//! `MAP_SHARED` mapping — the guarantee of [`Windows`], which the DSM needs
+//! to map a segment's pages a second time as its application view — made in
+//! one of two ways ([`WindowFlavor`]):
+//!
+//! - [`WindowFlavor::Shared`] (every process on one machine, `osc sm`):
+//!   `MPI_Win_allocate_shared`, asking for one page more than needed. `osc
+//!   sm` puts each part at an arbitrary offset in its shared segment (0x108
+//!   into a page with OpenMPI 4.1); the local part we expose starts at the
+//!   first page boundary inside the allocation. Every process publishes that
+//!   distance (allgather at creation), and RMA adds the target's distance to
+//!   the offset, so that offset 0 of rank `r` is the first byte of `r`'s
+//!   local part.
+//! - [`WindowFlavor::Created`] (any number of machines, `osc ucx`): a
+//!   `memfd` of our own mapped `MAP_SHARED` (page-aligned and zero-filled by
+//!   construction), registered with `MPI_Win_create`; offsets need no
+//!   translation. (`MPI_Win_allocate` is no good here: `osc ucx` allocates
+//!   private memory.)
+//!
+//! Both then get `MPI_Win_lock_all(MPI_MODE_NOCHECK)`: one passive-target
+//! epoch for the window's life.
 
+use std::os::fd::AsFd;
 use std::os::raw::{c_int, c_void};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -13,7 +35,7 @@ use ct_worker::UltItf;
 use super::raw::{self, Handle};
 use super::{MpiCom, coll};
 use crate::com::{Error, LocalWindow, RemotePtr, Result, WindowId, Windows};
-use crate::sys;
+use crate::sys::{self, Mapping};
 
 /// Most windows a job can create over its lifetime.
 pub const MAX_WINDOWS: usize = 4096;
@@ -21,30 +43,61 @@ pub const MAX_WINDOWS: usize = 4096;
 const LIVE: u8 = 1;
 const DESTROYED: u8 = 2;
 
+/// How the `mpi` backend makes windows (`MENPS_MPI_WINDOWS`,
+/// [`MpiConfig::windows`](super::MpiConfig::windows)). Either way the local
+/// part is a page-aligned `MAP_SHARED` mapping and offset 0 of every rank is
+/// the first byte of its local part, as [`Windows`] requires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WindowFlavor {
+    /// `MPI_Win_allocate_shared` (`osc sm`; every process must run on this
+    /// machine), one page larger than needed: the local part starts at the
+    /// first page boundary inside the allocation, and RMA adds the target's
+    /// distance to it (exchanged at creation). The default on one machine.
+    Shared,
+    /// A `memfd` of our own mapped `MAP_SHARED`, registered with
+    /// `MPI_Win_create` (`osc ucx`; any number of machines). The default
+    /// across machines.
+    Created,
+}
+
+impl WindowFlavor {
+    /// Parses a `MENPS_MPI_WINDOWS` value: `shared`, `create` (or
+    /// `created`); `auto` or empty is `None` (the backend chooses).
+    pub fn parse(s: &str) -> Option<Option<Self>> {
+        match s.trim() {
+            "" | "auto" => Some(None),
+            "shared" => Some(Some(WindowFlavor::Shared)),
+            "create" | "created" => Some(Some(WindowFlavor::Created)),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Slot {
     state: AtomicU8,
     win: OnceLock<Handle<ffi::MPI_Win>>,
+    /// This process's local part (page-aligned unless the window is empty).
     base: AtomicUsize,
     size: AtomicUsize,
+    /// Per rank: the MPI displacement of the first byte of its local part.
+    disp: OnceLock<Box<[ffi::MPI_Aint]>>,
+}
+
+/// A window as created: freed (collectively) with the communicator.
+struct Created {
+    id: u32,
+    win: Handle<ffi::MPI_Win>,
+    /// The memory of a [`WindowFlavor::Created`] window.
+    memory: Option<Mapping>,
 }
 
 pub(crate) struct WindowTable {
     slots: Box<[Slot]>,
-    /// Every window created (live or destroyed), in id order: (id, handle).
-    /// Destroyed windows are freed with the communicator.
-    created: Mutex<Vec<(u32, Handle<ffi::MPI_Win>)>>,
+    /// Every window created (live or destroyed), in id order. Destroyed
+    /// windows are freed with the communicator.
+    created: Mutex<Vec<Created>>,
 }
-
-/// The signature shared by `MPI_Win_allocate` and `MPI_Win_allocate_shared`.
-type AllocateFn = unsafe extern "C" fn(
-    ffi::MPI_Aint,
-    c_int,
-    ffi::MPI_Info,
-    ffi::MPI_Comm,
-    *mut c_void,
-    *mut ffi::MPI_Win,
-) -> c_int;
 
 #[cold]
 fn unknown(window: u32) -> Error {
@@ -59,11 +112,17 @@ impl WindowTable {
         }
     }
 
-    /// The window of `p` after checking window, rank and bounds of an access
-    /// of `len` bytes (in the same order as shm, so that the same misuse
-    /// gives the same error).
+    /// The window of `p` and the MPI displacement of `p` in its target,
+    /// after checking window, rank and bounds of an access of `len` bytes
+    /// (in the same order as shm, so that the same misuse gives the same
+    /// error).
     #[inline]
-    pub(crate) fn resolve(&self, p: RemotePtr, len: usize, nprocs: usize) -> Result<ffi::MPI_Win> {
+    pub(crate) fn resolve(
+        &self,
+        p: RemotePtr,
+        len: usize,
+        nprocs: usize,
+    ) -> Result<(ffi::MPI_Win, ffi::MPI_Aint)> {
         let w = p.window().0;
         let Some(s) = self.slots.get(w as usize) else {
             return Err(unknown(w));
@@ -87,7 +146,9 @@ impl WindowTable {
                 size,
             });
         }
-        Ok(s.win.get().expect("a live window has a handle").0)
+        let win = s.win.get().expect("a live window has a handle").0;
+        let start = s.disp.get().expect("a live window has displacements")[p.rank()];
+        Ok((win, start + off as ffi::MPI_Aint))
     }
 
     fn live_slot(&self, id: WindowId) -> Result<&Slot> {
@@ -103,9 +164,9 @@ impl WindowTable {
         mut f: impl FnMut(ffi::MPI_Win) -> Result<()>,
     ) -> Result<()> {
         let created = self.created.lock().unwrap_or_else(|e| e.into_inner());
-        for &(id, win) in created.iter() {
-            if self.slots[id as usize].state.load(Ordering::Acquire) == LIVE {
-                f(win.0)?;
+        for c in created.iter() {
+            if self.slots[c.id as usize].state.load(Ordering::Acquire) == LIVE {
+                f(c.win.0)?;
             }
         }
         Ok(())
@@ -115,7 +176,12 @@ impl WindowTable {
     /// communicator is dropped, in the same id order).
     pub(crate) fn free_all(&self) {
         let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
-        for (id, mut win) in created.drain(..) {
+        for Created {
+            id,
+            mut win,
+            memory,
+        } in created.drain(..)
+        {
             let slot = &self.slots[id as usize];
             if slot.state.swap(DESTROYED, Ordering::AcqRel) == LIVE {
                 // SAFETY: a live window in its lock_all epoch, no RMA in
@@ -124,77 +190,162 @@ impl WindowTable {
             }
             // SAFETY: our window, no longer used.
             unsafe { ffi::MPI_Win_free(&mut win.0) };
+            // Our own memory: released, its range kept reserved (stale
+            // pointers fault).
+            if let Some(m) = memory {
+                m.retire();
+            }
         }
     }
 }
 
+/// A freshly allocated window, before it is published.
+struct NewWindow {
+    win: ffi::MPI_Win,
+    /// The local part: page-aligned, `stride` bytes, zero-filled.
+    part: *mut u8,
+    /// MPI displacement of `part` in this process's part of `win`.
+    disp: ffi::MPI_Aint,
+    memory: Option<Mapping>,
+    /// Why this process could not provide its memory (it then took part in
+    /// the collective window creation with an empty part, so that nobody
+    /// hangs; `create_window` undoes the window everywhere).
+    failed: Option<Error>,
+}
+
+/// Zero-fills the fresh local part `part..part + len` (whole pages of a
+/// shared mapping that nobody accesses yet) without touching every page: a
+/// hole punched in the backing file (`MADV_REMOVE`; `osc sm` maps files in
+/// `/dev/shm`) reads as zeros and costs nothing until written — the DSM's
+/// segments are large (a 1 GiB heap by default) and mostly never touched.
+/// Writes zeros where the file system cannot punch holes.
+fn zero_fill(part: *mut u8, len: usize) {
+    // SAFETY: `part..part + len` is page-aligned, whole pages of this
+    // process's part of a shared window allocation, which nobody uses yet;
+    // MADV_REMOVE only changes its contents to zeros.
+    let punched = unsafe { libc::madvise(part.cast::<c_void>(), len, libc::MADV_REMOVE) } == 0;
+    if !punched {
+        // SAFETY: as above; the range is mapped read-write.
+        unsafe { std::ptr::write_bytes(part, 0, len) };
+    }
+}
+
 impl<U: UltItf> MpiCom<U> {
-    /// Allocates, zero-fills and locks the MPI window (the caller holds the
+    /// Allocates, zero-fills and locks the MPI window with local parts of
+    /// `stride` bytes (a multiple of the page size; the caller holds the
     /// collective lock and has agreed on `stride` with everyone).
-    fn allocate_window(&self, stride: usize) -> Result<(ffi::MPI_Win, *mut u8)> {
-        let mut info = std::mem::MaybeUninit::<ffi::MPI_Info>::uninit();
-        // SAFETY: out-parameter.
-        raw::check("MPI_Info_create", unsafe {
-            ffi::MPI_Info_create(info.as_mut_ptr())
-        })?;
-        // SAFETY: MPI_Info_create succeeded.
-        let mut info = unsafe { info.assume_init() };
-        // Page-strided local parts (osc sm).
-        // SAFETY: a valid info object and NUL-terminated strings.
-        raw::check("MPI_Info_set", unsafe {
-            ffi::MPI_Info_set(info, c"alloc_shared_noncontig".as_ptr(), c"true".as_ptr())
-        })?;
-        let mut base: *mut u8 = std::ptr::null_mut();
+    fn allocate_window(&self, stride: usize) -> Result<NewWindow> {
+        let page = sys::page_size();
         let mut win = std::mem::MaybeUninit::<ffi::MPI_Win>::uninit();
-        // On one machine, a shared-memory window: the same `osc sm` RMA, and
-        // every part is also mapped in every process (`shared_ptr`).
-        let (call, allocate) = if self.single_node {
-            (
-                "MPI_Win_allocate_shared",
-                ffi::MPI_Win_allocate_shared as AllocateFn,
-            )
-        } else {
-            ("MPI_Win_allocate", ffi::MPI_Win_allocate as AllocateFn)
+        let mut failed = None;
+        let (part, disp, memory) = match self.window_flavor {
+            WindowFlavor::Shared => {
+                let mut info = std::mem::MaybeUninit::<ffi::MPI_Info>::uninit();
+                // SAFETY: out-parameter.
+                raw::check("MPI_Info_create", unsafe {
+                    ffi::MPI_Info_create(info.as_mut_ptr())
+                })?;
+                // SAFETY: MPI_Info_create succeeded.
+                let mut info = unsafe { info.assume_init() };
+                // Each part in its own pages (not packed after the previous
+                // rank's).
+                // SAFETY: a valid info object and NUL-terminated strings.
+                raw::check("MPI_Info_set", unsafe {
+                    ffi::MPI_Info_set(info, c"alloc_shared_noncontig".as_ptr(), c"true".as_ptr())
+                })?;
+                // One page more, so that a page-aligned part of `stride`
+                // bytes fits wherever MPI puts the allocation.
+                let ask = if stride == 0 { 0 } else { stride + page };
+                let mut base: *mut u8 = std::ptr::null_mut();
+                // SAFETY: `base` receives the address of the local part (a
+                // pointer, as the `void *baseptr` parameter requires); `win`
+                // is an out-parameter; the communicator is valid.
+                let rc = unsafe {
+                    ffi::MPI_Win_allocate_shared(
+                        ask as ffi::MPI_Aint,
+                        1,
+                        info,
+                        self.comms.coll.0,
+                        (&mut base as *mut *mut u8).cast::<c_void>(),
+                        win.as_mut_ptr(),
+                    )
+                };
+                // SAFETY: our info object.
+                unsafe { ffi::MPI_Info_free(&mut info) };
+                raw::check("MPI_Win_allocate_shared", rc)?;
+                if stride == 0 {
+                    (NonNull::<u64>::dangling().as_ptr().cast::<u8>(), 0, None)
+                } else {
+                    if base.is_null() {
+                        return Err(Error::Transport(
+                            "MPI_Win_allocate_shared returned a null local part".into(),
+                        ));
+                    }
+                    let skip = (base as usize).next_multiple_of(page) - base as usize;
+                    // SAFETY: `skip < page`, so `base + skip .. + stride` lies
+                    // inside the `stride + page` bytes MPI allocated.
+                    (unsafe { base.add(skip) }, skip as ffi::MPI_Aint, None)
+                }
+            }
+            WindowFlavor::Created => {
+                let memory = if stride == 0 {
+                    None
+                } else {
+                    // The mapping keeps the memory alive; the descriptor can
+                    // go.
+                    match sys::memfd(c"menps-mpi-window", stride)
+                        .and_then(|fd| Mapping::shared(fd.as_fd(), stride))
+                    {
+                        Ok(m) => Some(m),
+                        Err(e) => {
+                            failed = Some(e);
+                            None
+                        }
+                    }
+                };
+                let part = memory.as_ref().map_or(
+                    NonNull::<u64>::dangling().as_ptr().cast::<u8>(),
+                    Mapping::ptr,
+                );
+                let len = if memory.is_some() { stride } else { 0 };
+                // SAFETY: `part` is our own mapping of `len` bytes (or
+                // nothing), which stays mapped until after MPI_Win_free
+                // (`free_all`, or `create_window` on failure); `win` is an
+                // out-parameter; the communicator is valid.
+                raw::check("MPI_Win_create", unsafe {
+                    ffi::MPI_Win_create(
+                        part.cast::<c_void>(),
+                        len as ffi::MPI_Aint,
+                        1,
+                        ffi::RSMPI_INFO_NULL,
+                        self.comms.coll.0,
+                        win.as_mut_ptr(),
+                    )
+                })?;
+                (part, 0, memory)
+            }
         };
-        // SAFETY: `base` receives the address of the local part (a pointer,
-        // as the `void *baseptr` parameter requires); `win` is an
-        // out-parameter; the communicator is valid.
-        let rc = unsafe {
-            allocate(
-                stride as ffi::MPI_Aint,
-                1,
-                info,
-                self.comms.coll.0,
-                (&mut base as *mut *mut u8).cast::<c_void>(),
-                win.as_mut_ptr(),
-            )
-        };
-        // SAFETY: our info object.
-        unsafe { ffi::MPI_Info_free(&mut info) };
-        raw::check(call, rc)?;
-        // SAFETY: MPI_Win_allocate succeeded.
+        // SAFETY: the allocation succeeded, so MPI wrote the handle.
         let win = unsafe { win.assume_init() };
         // SAFETY: our new window.
         raw::check("MPI_Win_set_errhandler", unsafe {
             ffi::MPI_Win_set_errhandler(win, raw::errors_return())
         })?;
-        if stride > 0 {
-            if base.is_null() || !(base as usize).is_multiple_of(8) {
-                return Err(Error::Transport(format!(
-                    "MPI_Win_allocate returned a local part at {base:p}, which is not 8-byte \
-                     aligned"
-                )));
-            }
-            // SAFETY: the local part has `stride` bytes; nobody accesses it
-            // before the barrier below.
-            unsafe { std::ptr::write_bytes(base, 0, stride) };
+        if stride > 0 && self.window_flavor == WindowFlavor::Shared {
+            zero_fill(part, stride);
         }
         // SAFETY: a new window; NOCHECK is right since no process ever takes
         // an exclusive lock.
         raw::check("MPI_Win_lock_all", unsafe {
             ffi::MPI_Win_lock_all(ffi::MPI_MODE_NOCHECK as c_int, win)
         })?;
-        Ok((win, base))
+        Ok(NewWindow {
+            win,
+            part,
+            disp,
+            memory,
+            failed,
+        })
     }
 }
 
@@ -219,28 +370,47 @@ impl<U: UltItf> Windows for MpiCom<U> {
                 "too many windows: a job can create at most {MAX_WINDOWS}"
             )));
         }
-        let stride = sys::round_up(bytes, sys::page_size())
-            .filter(|&s| s <= isize::MAX as usize)
+        let page = sys::page_size();
+        let stride = sys::round_up(bytes, page)
+            .filter(|&s| s <= isize::MAX as usize - page)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!("window of {bytes} bytes is too large"))
             })?;
-        let (win, base) = self.allocate_window(stride)?;
-        // Nobody may access a part before its owner zero-filled it.
-        self.barrier_locked()?;
-        let base = if stride == 0 {
-            NonNull::<u64>::dangling().as_ptr() as usize
-        } else {
-            base as usize
-        };
+        let mut new = self.allocate_window(stride)?;
+        // Every process learns where every part starts (MPI displacement)
+        // and whether everyone could allocate; the exchange is also the
+        // barrier after which parts may be accessed (each owner has
+        // zero-filled its own).
+        let failed = u64::from(new.failed.is_some());
+        let all = self.exchange_headers(&mut st, [coll::OP_WIN_CREATE, new.disp as u64, failed])?;
+        if let Some(r) = all.iter().position(|h| h[2] != 0) {
+            // SAFETY: the window just created, in its lock_all epoch, never
+            // published (no RMA); every process frees it here, collectively.
+            unsafe {
+                ffi::MPI_Win_unlock_all(new.win);
+                ffi::MPI_Win_free(&mut new.win);
+            }
+            return Err(new.failed.take().unwrap_or_else(|| {
+                Error::Transport(format!(
+                    "create_window of {bytes} bytes: rank {r} could not allocate its part"
+                ))
+            }));
+        }
+        let disp: Box<[ffi::MPI_Aint]> = all.iter().map(|h| h[1] as ffi::MPI_Aint).collect();
         let slot = &self.windows.slots[id as usize];
-        slot.base.store(base, Ordering::Relaxed);
+        slot.base.store(new.part as usize, Ordering::Relaxed);
         slot.size.store(bytes, Ordering::Relaxed);
-        let _ = slot.win.set(Handle(win));
+        let _ = slot.win.set(Handle(new.win));
+        let _ = slot.disp.set(disp);
         self.windows
             .created
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((id, Handle(win)));
+            .push(Created {
+                id,
+                win: Handle(new.win),
+                memory: new.memory,
+            });
         slot.state.store(LIVE, Ordering::Release);
         st.next_window += 1;
         Ok(WindowId(id))
@@ -284,11 +454,10 @@ impl<U: UltItf> Windows for MpiCom<U> {
             slot.base.load(Ordering::Relaxed),
             slot.size.load(Ordering::Relaxed),
         );
-        let page = sys::page_size();
-        if size > 0 && base.is_multiple_of(page) {
-            let len = sys::round_up(size, page).expect("checked at creation");
+        if size > 0 {
+            let len = sys::round_up(size, sys::page_size()).expect("checked at creation");
             // SAFETY: exactly the page-aligned local part of the window,
-            // which MPI allocated for us and nothing else uses.
+            // which nothing but the window uses.
             unsafe { libc::mprotect(base as *mut c_void, len, libc::PROT_NONE) };
         }
         Ok(())
@@ -296,9 +465,10 @@ impl<U: UltItf> Windows for MpiCom<U> {
 
     fn local_window(&self, id: WindowId) -> Result<LocalWindow> {
         let s = self.windows.live_slot(id)?;
-        // SAFETY: our part of a live window: read-write, 8-byte aligned
-        // (checked at creation; page-aligned with osc sm), and kept allocated
-        // (inaccessible) after destruction until the communicator is dropped.
+        // SAFETY: our part of a live window: read-write, page-aligned, a
+        // shared mapping (see the module docs), and kept allocated
+        // (inaccessible) after destruction until the communicator is
+        // dropped.
         Ok(unsafe {
             LocalWindow::from_raw(
                 id,
@@ -310,5 +480,29 @@ impl<U: UltItf> Windows for MpiCom<U> {
 
     fn window_size(&self, id: WindowId) -> Result<usize> {
         Ok(self.windows.live_slot(id)?.size.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flavor_settings_are_parsed() {
+        assert_eq!(WindowFlavor::parse(""), Some(None));
+        assert_eq!(WindowFlavor::parse(" auto "), Some(None));
+        assert_eq!(
+            WindowFlavor::parse("shared"),
+            Some(Some(WindowFlavor::Shared))
+        );
+        assert_eq!(
+            WindowFlavor::parse("create"),
+            Some(Some(WindowFlavor::Created))
+        );
+        assert_eq!(
+            WindowFlavor::parse("created"),
+            Some(Some(WindowFlavor::Created))
+        );
+        assert_eq!(WindowFlavor::parse("allocate"), None);
     }
 }

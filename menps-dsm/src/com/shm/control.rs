@@ -344,13 +344,15 @@ impl Control {
         if ok {
             s.state.store(state::EXITED, Ordering::SeqCst);
         } else {
-            s.state.store(state::DIED, Ordering::SeqCst);
+            // The failure first: a waiter that sees the process gone must
+            // already see that it died (PeerDied, not PeerExited).
             let _ = self.failed_word().compare_exchange(
                 0,
                 r as u64 + 1,
                 Ordering::SeqCst,
                 Ordering::SeqCst,
             );
+            s.state.store(state::DIED, Ordering::SeqCst);
         }
         self.ring_all();
     }

@@ -391,13 +391,16 @@ impl<B: Communicator, U: UltItf> Windows for VerbsCom<B, U> {
         let len = crate::sys::round_up(bytes.max(1), page).ok_or_else(|| {
             Error::InvalidArgument(format!("window of {bytes} bytes is too large"))
         })?;
-        // SAFETY: a fresh private anonymous (zero-filled) mapping.
+        // Shared (anonymous, zero-filled), as the `Windows` rules require:
+        // the DSM maps a window's pages a second time (`mremap` with old
+        // size 0 only duplicates shared mappings).
+        // SAFETY: a fresh mapping chosen by the kernel.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
                 -1,
                 0,
             )
