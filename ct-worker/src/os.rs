@@ -135,7 +135,9 @@ impl UltItf for OsThreads {
     }
 
     fn num_workers() -> usize {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        // available_parallelism reads cgroup files: ask once.
+        static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 }
 

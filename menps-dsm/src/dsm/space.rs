@@ -925,9 +925,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // Local stores are visible before lock words are read (fast release).
         fence(Ordering::SeqCst);
         let blocks = core::mem::take(&mut *self.write_set.lock());
-        let workers = U::num_workers();
-        let (keep, result) = if blocks.len() >= PARALLEL_RELEASE_MIN && workers > 1 {
-            self.release_parallel(blocks, workers)
+        let parallel = blocks.len() >= PARALLEL_RELEASE_MIN && U::num_workers() > 1;
+        let (keep, result) = if parallel {
+            self.release_parallel(blocks, U::num_workers())
         } else {
             self.release_list(&blocks)
         };
