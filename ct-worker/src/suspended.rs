@@ -113,13 +113,19 @@ impl<C: Config> SuspendedThread<C> {
     }
 
     /// Stores `word` and asks `decide`; `true` means "park".
+    ///
+    /// The store is a swap (a read-modify-write), not a plain store: the
+    /// parker publishes itself and then reads the condition in `decide`,
+    /// while a notifier writes the condition and then takes the word (a
+    /// swap). With a plain store the parker's read could be ordered before
+    /// its publication (store buffering): it would see the old condition and
+    /// park, while the notifier saw an empty slot — a lost wake-up. With two
+    /// read-modify-writes on the word, whichever comes second reads the
+    /// first's value, and the acquire/release pair makes the notifier's
+    /// earlier writes visible to `decide`.
     fn park_decision(&self, word: usize, decide: impl FnOnce() -> bool) -> bool {
-        debug_assert_eq!(
-            self.word.load(Ordering::Relaxed),
-            0,
-            "slot already holds a thread"
-        );
-        self.word.store(word, Ordering::Release);
+        let prev = self.word.swap(word, Ordering::AcqRel);
+        debug_assert_eq!(prev, 0, "slot already holds a thread");
         decide()
             || self
                 .word
@@ -260,6 +266,37 @@ fn wake<C: Config>(p: Parked<C>) {
 mod loom_tests {
     use super::*;
     use loom::sync::Arc;
+
+    /// The condition handshake: the notifier sets a flag and then takes the
+    /// slot; the parker publishes itself and parks unless the flag is set.
+    /// Either the parker sees the flag or the notifier gets the parker — never
+    /// neither (a lost wake-up). Loom checks the interleavings; it does not
+    /// model store buffering, which is why publication is a swap (see
+    /// `park_decision`), and why `tests/scheduler.rs`'s handshake test, run
+    /// under load, is the regression test for that part.
+    #[test]
+    fn loom_condition_is_never_missed() {
+        use loom::sync::atomic::AtomicBool;
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(|| {
+            let slot = Arc::new(SuspendedThread::<DefaultConfig>::empty());
+            let flag = Arc::new(AtomicBool::new(false));
+            let notifier = {
+                let (slot, flag) = (slot.clone(), flag.clone());
+                loom::thread::spawn(move || {
+                    loom::thread::yield_now();
+                    flag.store(true, Ordering::Release);
+                    slot.word.swap(0, Ordering::AcqRel)
+                })
+            };
+            let parked = slot.park_decision(64, || !flag.load(Ordering::Acquire));
+            let got = notifier.join().unwrap();
+            if parked {
+                assert_eq!(got, 64, "parked but nobody will wake us");
+            }
+        });
+    }
 
     /// A parker that changes its mind races with a notifier: exactly one of
     /// "the parker took itself back" and "the notifier got the thread" happens.
