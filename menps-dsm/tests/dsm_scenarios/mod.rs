@@ -67,9 +67,15 @@ fn word(seed: u64, i: usize) -> u64 {
 /// Each round one process writes a pattern over the whole segment (several
 /// blocks), then everybody checks it after a barrier.
 fn producer_consumer(dsm: &D) {
+    // 32 KiB blocks, then 4 KiB blocks: 256 blocks per round, so releases
+    // and acquires also run in parallel.
+    produce_consume(dsm, 256 * 1024, 32 * 1024);
+    produce_consume(dsm, 1024 * 1024, 4096);
+}
+
+fn produce_consume(dsm: &D, len: usize, block: usize) {
     let (me, n) = (dsm.rank(), dsm.nprocs());
-    let len = 256 * 1024;
-    let p = dsm.alloc_segment(len, 32 * 1024).unwrap() as *mut u64;
+    let p = dsm.alloc_segment(len, block).unwrap() as *mut u64;
     let words = len / 8;
     for round in 0..(4 * n) {
         let writer = round % n;

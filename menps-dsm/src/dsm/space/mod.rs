@@ -1,0 +1,618 @@
+//! The protocol core: block upgrades on faults, transactions, fast release,
+//! invalidation, and the read and write sets (Endo 2020 §3.4–3.5).
+//!
+//! Every operation on a block runs under the block's local entry mutex,
+//! which serialises the threads of this process; transactions also take the
+//! block's global lock ([`super::qlock`]), which serialises processes and
+//! tells where the latest version is.
+
+use core::cmp::Reverse;
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::collections::BinaryHeap;
+
+use ct_sync::Mutex;
+use ct_worker::UltItf;
+
+use crate::com::{Communicator, Tag, WindowId};
+
+use super::config::{DsmConfig, InvalidationPolicy, WriterPolicy};
+use super::diff;
+use super::error::{DsmError, DsmResult, RaceReport};
+use super::layout::{self, MAX_SEGMENTS};
+use super::qlock::LockSite;
+use super::segment::{BlockMeta, BlockState, Segment};
+use super::signature::Signature;
+use super::sync::SyncState;
+
+mod acquire;
+mod directory;
+mod release;
+mod transaction;
+
+/// Tags with the top bit set are the DSM's.
+pub(crate) const DSM_TAG_BIT: Tag = 0x8000_0000;
+
+/// Write sets at least this large are released in parallel.
+const PARALLEL_RELEASE_MIN: usize = 64;
+
+/// Slots of a directory invalidation queue.
+const INVAL_CAP: usize = 4096;
+/// Header bytes of an invalidation queue (the tail counter at 0).
+const INVAL_HEADER: usize = 64;
+
+/// An atomic operation applied to a DSM word inside a transaction.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AtomicOp {
+    Load,
+    Store(u64),
+    FetchAdd(u64),
+    CompareExchange(u64, u64),
+}
+
+/// Why a transaction runs.
+#[derive(Debug, Clone, Copy)]
+enum TxKind {
+    /// A read miss whose lease expired (or without fast read).
+    Read,
+    /// A release of a dirty block.
+    Release,
+    /// An invalidated pinned block, merged in place.
+    PinnedRefresh,
+    /// An atomic operation on the word at this offset of the block.
+    Atomic(usize, AtomicOp),
+}
+
+/// Counters of protocol events in this process.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Read faults resolved.
+    pub read_faults: AtomicUsize,
+    /// Write faults resolved.
+    pub write_faults: AtomicUsize,
+    /// Transactions (global lock taken).
+    pub transactions: AtomicUsize,
+    /// Releases that skipped the global lock.
+    pub fast_releases: AtomicUsize,
+    /// Misses served by one read from a write notice's writer.
+    pub fast_reads: AtomicUsize,
+    /// Blocks invalidated.
+    pub invalidations: AtomicUsize,
+    /// Bytes fetched from other processes' copies.
+    pub bytes_fetched: AtomicUsize,
+}
+
+/// Counters as plain numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Read faults resolved.
+    pub read_faults: usize,
+    /// Write faults resolved.
+    pub write_faults: usize,
+    /// Transactions (global lock taken).
+    pub transactions: usize,
+    /// Releases that skipped the global lock.
+    pub fast_releases: usize,
+    /// Misses served by one read from a write notice's writer.
+    pub fast_reads: usize,
+    /// Blocks invalidated.
+    pub invalidations: usize,
+    /// Bytes fetched from other processes' copies.
+    pub bytes_fetched: usize,
+}
+
+impl Stats {
+    fn snapshot(&self) -> StatsSnapshot {
+        let l = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+        StatsSnapshot {
+            read_faults: l(&self.read_faults),
+            write_faults: l(&self.write_faults),
+            transactions: l(&self.transactions),
+            fast_releases: l(&self.fast_releases),
+            fast_reads: l(&self.fast_reads),
+            invalidations: l(&self.invalidations),
+            bytes_fetched: l(&self.bytes_fetched),
+        }
+    }
+}
+
+#[inline]
+fn bump(a: &AtomicUsize) {
+    a.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A reusable word buffer of one block.
+pub(crate) struct Tmp<'a> {
+    buf: Vec<u64>,
+    pool: &'a std::sync::Mutex<Vec<Vec<u64>>>,
+}
+
+impl Tmp<'_> {
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        let n = self.buf.len() * 8;
+        // SAFETY: a u64 buffer viewed as its bytes.
+        unsafe { core::slice::from_raw_parts_mut(self.buf.as_mut_ptr().cast::<u8>(), n) }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: a u64 buffer viewed as its bytes.
+        unsafe { core::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), self.buf.len() * 8) }
+    }
+}
+
+impl Drop for Tmp<'_> {
+    fn drop(&mut self) {
+        let buf = core::mem::take(&mut self.buf);
+        let mut p = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        if p.len() < 64 {
+            p.push(buf);
+        }
+    }
+}
+
+/// The DSM of one process.
+pub(crate) struct Space<C: Communicator, U: UltItf> {
+    pub com: C,
+    pub rank: usize,
+    pub nprocs: usize,
+    pub cfg: DsmConfig,
+    segs: Box<[AtomicPtr<Segment<U>>]>,
+    next_seg: std::sync::Mutex<usize>,
+    /// The acquire timestamp (`min_wr_ts`): copies whose lease ends before
+    /// it are stale.
+    acq_ts: AtomicU64,
+    read_set: Mutex<BinaryHeap<Reverse<(u64, usize)>>, U>,
+    write_set: Mutex<Vec<usize>, U>,
+    /// This process's release signature: its own write notices and every
+    /// signature it acquired since the last barrier.
+    pub(crate) rel_sig: Mutex<Signature, U>,
+    /// Serialises release fences.
+    release_lock: Mutex<(), U>,
+    failed: AtomicBool,
+    failure: std::sync::Mutex<Option<DsmError>>,
+    bufs: std::sync::Mutex<Vec<Vec<u64>>>,
+    /// Directory policy: this process's invalidation queue (window) and how
+    /// far it was drained.
+    inval_win: Option<WindowId>,
+    inval_head: Mutex<u64, U>,
+    sync: SyncState<U>,
+    pub(crate) stats: Stats,
+}
+
+impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
+    /// Collectively sets up the DSM on `com`.
+    pub fn new(com: C, cfg: DsmConfig) -> DsmResult<Self> {
+        let nprocs = com.size();
+        cfg.validate(nprocs)?;
+        layout::reserve()?;
+        let inval_win = if cfg.invalidation == InvalidationPolicy::Directory {
+            Some(com.create_window(INVAL_HEADER + INVAL_CAP * 16)?)
+        } else {
+            None
+        };
+        let cap = cfg.effective_wn_list_len();
+        let sync = SyncState::new(&com, cap, cfg.max_mutexes)?;
+        Ok(Space {
+            sync,
+            rank: com.rank(),
+            nprocs,
+            segs: (0..MAX_SEGMENTS)
+                .map(|_| AtomicPtr::new(core::ptr::null_mut()))
+                .collect(),
+            next_seg: std::sync::Mutex::new(0),
+            acq_ts: AtomicU64::new(0),
+            read_set: Mutex::new_in(BinaryHeap::new()),
+            write_set: Mutex::new_in(Vec::new()),
+            rel_sig: Mutex::new_in(Signature::new(cap)),
+            release_lock: Mutex::new_in(()),
+            failed: AtomicBool::new(false),
+            failure: std::sync::Mutex::new(None),
+            bufs: std::sync::Mutex::new(Vec::new()),
+            inval_win,
+            inval_head: Mutex::new_in(0),
+            stats: Stats::default(),
+            com,
+            cfg,
+        })
+    }
+
+    pub(crate) fn sync_state(&self) -> &SyncState<U> {
+        &self.sync
+    }
+
+    /// Counters of this process.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+
+    // ---------------------------------------------------------------
+    // Failures
+
+    /// The recorded failure, if the DSM has failed.
+    pub fn check(&self) -> DsmResult<()> {
+        if self.failed.load(Ordering::Acquire) {
+            let f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+            return Err(f.clone().unwrap_or_else(|| {
+                DsmError::Misuse("the DSM failed earlier in this process".into())
+            }));
+        }
+        Ok(())
+    }
+
+    /// Records `e` as the DSM's failure (the first one wins) and returns it.
+    pub fn fail(&self, e: DsmError) -> DsmError {
+        let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_none() {
+            *f = Some(e.clone());
+        }
+        self.failed.store(true, Ordering::Release);
+        e
+    }
+
+    fn guard<T>(&self, r: DsmResult<T>) -> DsmResult<T> {
+        r.map_err(|e| self.fail(e))
+    }
+
+    // ---------------------------------------------------------------
+    // Segments
+
+    /// Collectively creates a segment; returns its base address.
+    pub fn create_segment(
+        &self,
+        size: usize,
+        block_size: usize,
+        image: Option<&[u8]>,
+    ) -> DsmResult<usize> {
+        self.check()?;
+        let mut next = self.next_seg.lock().unwrap_or_else(|e| e.into_inner());
+        let id = *next;
+        // The last slots are the heap's and the globals'.
+        if id >= super::heap::FIRST_RESERVED_SLOT {
+            return Err(DsmError::OutOfMemory(format!(
+                "at most {} segments can exist",
+                super::heap::FIRST_RESERVED_SLOT
+            )));
+        }
+        let seg = Segment::create(&self.com, id, size, block_size, image)?;
+        let base = seg.base;
+        self.segs[id].store(Box::into_raw(Box::new(seg)), Ordering::Release);
+        *next += 1;
+        Ok(base)
+    }
+
+    /// Collectively creates a zeroed segment in the reserved slot `id` (the
+    /// heap's or the globals', outside `create_segment`'s sequence); returns
+    /// its base address.
+    pub(crate) fn create_segment_in_slot(
+        &self,
+        id: usize,
+        size: usize,
+        block_size: usize,
+    ) -> DsmResult<usize> {
+        self.check()?;
+        let _next = self.next_seg.lock().unwrap_or_else(|e| e.into_inner());
+        if !(super::heap::FIRST_RESERVED_SLOT..MAX_SEGMENTS).contains(&id) || self.seg(id).is_some()
+        {
+            return Err(DsmError::Misuse(format!(
+                "segment slot {id} is not a free reserved slot"
+            )));
+        }
+        let seg = Segment::create(&self.com, id, size, block_size, None)?;
+        let base = seg.base;
+        self.segs[id].store(Box::into_raw(Box::new(seg)), Ordering::Release);
+        Ok(base)
+    }
+
+    /// The segment in slot `id`.
+    fn seg(&self, id: usize) -> Option<&Segment<U>> {
+        let p = self.segs.get(id)?.load(Ordering::Acquire);
+        // SAFETY: published segments live until the space is dropped, and
+        // `&self` borrows the space.
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
+    /// The segment and block index of `addr`.
+    #[inline]
+    pub fn locate(&self, addr: usize) -> Option<(&Segment<U>, usize)> {
+        let seg = self.seg(layout::slot_of(addr)?)?;
+        seg.contains(addr).then(|| (seg, seg.index_of(addr)))
+    }
+
+    /// Block size of the segment holding `addr`.
+    pub fn block_size_at(&self, addr: usize) -> Option<usize> {
+        self.locate(addr).map(|(s, _)| s.block_size)
+    }
+
+    fn tmp(&self, block_size: usize) -> Tmp<'_> {
+        let words = block_size / 8;
+        let mut buf = self
+            .bufs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_default();
+        buf.resize(words, 0);
+        Tmp {
+            buf,
+            pool: &self.bufs,
+        }
+    }
+
+    fn block_tag(seg: &Segment<U>, idx: usize) -> Tag {
+        DSM_TAG_BIT | ((seg.id as Tag) << 24) | idx as Tag
+    }
+
+    fn block_site(&self, seg: &Segment<U>, idx: usize) -> LockSite {
+        LockSite {
+            win: seg.meta_win,
+            word_off: seg.meta_off(idx),
+            init_owner: (seg.id + idx) % self.nprocs,
+            tag: Self::block_tag(seg, idx),
+        }
+    }
+
+    /// The fixed home of a block (block-cyclic).
+    fn fixed_home(&self, seg: &Segment<U>, idx: usize) -> usize {
+        (seg.id + idx) % self.nprocs
+    }
+
+    /// Whether this process is the fixed home of the block (its copy is then
+    /// the master copy, never stale).
+    fn is_fixed_home(&self, seg: &Segment<U>, idx: usize) -> bool {
+        self.cfg.writer == WriterPolicy::Fixed && self.fixed_home(seg, idx) == self.rank
+    }
+
+    fn protect(&self, seg: &Segment<U>, idx: usize, state: BlockState) -> DsmResult<()> {
+        layout::protect(seg.app(idx), seg.block_size, state.prot())
+    }
+
+    fn race(&self, seg: &Segment<U>, idx: usize, r: diff::Race, remote_rank: usize) -> DsmError {
+        RaceReport {
+            addr: seg.app(idx) + r.offset,
+            block: seg.app(idx),
+            segment: seg.id,
+            base: r.base,
+            local: r.local,
+            remote: r.remote,
+            local_rank: self.rank,
+            remote_rank,
+        }
+        .into()
+    }
+
+    // ---------------------------------------------------------------
+    // Faults
+
+    /// Resolves an access to `addr`.
+    pub fn resolve(&self, addr: usize, write: bool) -> DsmResult<()> {
+        self.check()?;
+        let (seg, idx) = self.locate(addr).ok_or_else(|| {
+            DsmError::InvalidArgument(format!("{addr:#x} is not in a DSM segment"))
+        })?;
+        if write {
+            bump(&self.stats.write_faults);
+            self.start_write(seg, idx)
+        } else {
+            bump(&self.stats.read_faults);
+            self.start_read(seg, idx)
+        }
+    }
+
+    /// Makes block `idx` readable.
+    pub fn start_read(&self, seg: &Segment<U>, idx: usize) -> DsmResult<()> {
+        let mut m = seg.entry(idx).lock();
+        if m.state.readable() {
+            return Ok(());
+        }
+        let r = self.read_upgrade(seg, idx, &mut m, false);
+        self.guard(r)
+    }
+
+    /// Makes block `idx` writable.
+    pub fn start_write(&self, seg: &Segment<U>, idx: usize) -> DsmResult<()> {
+        let mut m = seg.entry(idx).lock();
+        let r = self.write_upgrade(seg, idx, &mut m);
+        self.guard(r)
+    }
+
+    fn write_upgrade(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) -> DsmResult<()> {
+        if m.state.writable() {
+            return Ok(());
+        }
+        if !m.state.readable() {
+            self.read_upgrade(seg, idx, m, true)?;
+            if m.state.writable() {
+                return Ok(());
+            }
+        }
+        if m.state == BlockState::ReadonlyClean {
+            // The twin becomes the base version of our writes.
+            // SAFETY: both are this process's copies of the block; the
+            // application view is read-only, so nobody writes the system view
+            // meanwhile, and the twin is only written under the block's locks
+            // (a remote copy-back writes it only while we are the last
+            // writer, when the copy is clean and equal anyway).
+            unsafe {
+                core::ptr::copy_nonoverlapping(seg.sys(idx), seg.twin_of(idx), seg.block_size)
+            };
+        }
+        m.state = BlockState::Writable;
+        self.add_to_write_set(seg, idx, m);
+        self.protect(seg, idx, m.state)
+    }
+
+    fn add_to_write_set(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) {
+        if !m.in_write_set {
+            m.in_write_set = true;
+            self.write_set.lock().push(seg.app(idx));
+        }
+    }
+
+    /// Lists a readable block in the read set (once): ordered by lease end
+    /// for self-invalidation (under the directory policy it only serves to
+    /// find every readable block when an invalidation queue overflowed).
+    fn add_to_read_set(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) {
+        if !m.in_read_set {
+            m.in_read_set = true;
+            self.read_set.lock().push(Reverse((m.cur_rd, seg.app(idx))));
+        }
+    }
+
+    /// Makes an invalid block readable. With `for_write` the caller makes it
+    /// writable right after, so the application view's protection is left
+    /// to it (one `mprotect` instead of two).
+    fn read_upgrade(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &mut BlockMeta,
+        for_write: bool,
+    ) -> DsmResult<()> {
+        debug_assert!(!m.state.readable());
+        let dirty = m.state == BlockState::InvalidDirty;
+        let local_ok = if self.is_fixed_home(seg, idx) {
+            // The master copy is here and always current.
+            true
+        } else if m.force_tx {
+            false
+        } else {
+            match self.cfg.invalidation {
+                InvalidationPolicy::Directory => false,
+                _ => {
+                    let lease_valid = m.cur_rd >= self.acq_ts.load(Ordering::Acquire);
+                    let home = m.home as usize;
+                    lease_valid
+                        && (home == 0 || home - 1 == self.rank || self.cfg.fast_read_active())
+                }
+            }
+        };
+        if !local_ok {
+            self.transaction(seg, idx, m, TxKind::Read)?;
+            return Ok(());
+        }
+        let home = m.home as usize;
+        if home != 0 && home - 1 != self.rank && !self.is_fixed_home(seg, idx) {
+            // Fast read: one read of the version the write notice named.
+            let src = home - 1;
+            let mut tmp = self.tmp(seg.block_size);
+            self.com
+                .read(seg.data_win.at(src, seg.offset(idx)), tmp.bytes_mut())?;
+            self.stats
+                .bytes_fetched
+                .fetch_add(seg.block_size, Ordering::Relaxed);
+            bump(&self.stats.fast_reads);
+            // SAFETY: the block is invalid (application view inaccessible),
+            // so only we touch our system view and twin, under the block's
+            // entry lock.
+            let (data, twin) = unsafe {
+                (
+                    diff::words_mut(seg.sys(idx), seg.block_size),
+                    diff::words_mut(seg.twin_of(idx), seg.block_size),
+                )
+            };
+            if dirty {
+                diff::read_merge(data, twin, &tmp.buf, self.cfg.race_detection)
+                    .map_err(|r| self.race(seg, idx, r, src))?;
+            } else {
+                data.copy_from_slice(&tmp.buf);
+            }
+        }
+        m.state = if dirty {
+            BlockState::ReadonlyDirty
+        } else {
+            BlockState::ReadonlyClean
+        };
+        self.add_to_read_set(seg, idx, m);
+        if for_write {
+            return Ok(());
+        }
+        self.protect(seg, idx, m.state)
+    }
+
+    // ---------------------------------------------------------------
+    // Pinning and atomics
+
+    /// Pins the blocks of `[addr, addr + len)`: read-write and never
+    /// protected until unpinned.
+    pub fn pin(&self, addr: usize, len: usize) -> DsmResult<()> {
+        self.check()?;
+        self.for_blocks(addr, len, |seg, idx| {
+            let mut m = seg.entry(idx).lock();
+            self.write_upgrade(seg, idx, &mut m)?;
+            m.state = BlockState::Pinned;
+            Ok(())
+        })
+    }
+
+    /// Unpins the blocks of `[addr, addr + len)`: they become writable
+    /// blocks that the next release fence releases.
+    pub fn unpin(&self, addr: usize, len: usize) -> DsmResult<()> {
+        self.check()?;
+        self.for_blocks(addr, len, |seg, idx| {
+            let mut m = seg.entry(idx).lock();
+            if m.state == BlockState::Pinned {
+                m.state = BlockState::Writable;
+                self.add_to_write_set(seg, idx, &mut m);
+            }
+            Ok(())
+        })
+    }
+
+    /// State of the block holding `addr` (tests and diagnostics).
+    pub fn state_of(&self, addr: usize) -> Option<BlockState> {
+        let (seg, idx) = self.locate(addr)?;
+        Some(seg.entry(idx).lock().state)
+    }
+
+    fn for_blocks(
+        &self,
+        addr: usize,
+        len: usize,
+        mut f: impl FnMut(&Segment<U>, usize) -> DsmResult<()>,
+    ) -> DsmResult<()> {
+        let end = addr
+            .checked_add(len)
+            .ok_or_else(|| DsmError::InvalidArgument("range overflows".into()))?;
+        let mut a = addr;
+        while a < end {
+            let (seg, idx) = self.locate(a).ok_or_else(|| {
+                DsmError::InvalidArgument(format!("{a:#x} is not in a DSM segment"))
+            })?;
+            let r = f(seg, idx);
+            self.guard(r)?;
+            a = seg.app(idx) + seg.block_size;
+        }
+        Ok(())
+    }
+
+    /// Applies `op` to the aligned word at `addr` inside a transaction on
+    /// its block; returns the old value.
+    pub fn atomic_in_block(&self, addr: usize, op: AtomicOp) -> DsmResult<u64> {
+        self.check()?;
+        if !addr.is_multiple_of(8) {
+            return Err(DsmError::InvalidArgument(format!(
+                "DSM atomic at {addr:#x} is not 8-byte aligned"
+            )));
+        }
+        let (seg, idx) = self.locate(addr).ok_or_else(|| {
+            DsmError::InvalidArgument(format!("{addr:#x} is not in a DSM segment"))
+        })?;
+        let mut m = seg.entry(idx).lock();
+        let at = addr - seg.app(idx);
+        let r = self.transaction(seg, idx, &mut m, TxKind::Atomic(at, op));
+        self.guard(r)
+    }
+}
+
+impl<C: Communicator, U: UltItf> Drop for Space<C, U> {
+    fn drop(&mut self) {
+        for s in self.segs.iter() {
+            let p = s.swap(core::ptr::null_mut(), Ordering::AcqRel);
+            if !p.is_null() {
+                // SAFETY: every published segment came from Box::into_raw in
+                // `create_segment`; we own the space exclusively here.
+                let seg = unsafe { Box::from_raw(p) };
+                seg.retire();
+            }
+        }
+    }
+}

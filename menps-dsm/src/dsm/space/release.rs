@@ -1,0 +1,158 @@
+//! Release fences: every block with local changes is merged or fast
+//! released, one after the other or in parallel on threads of `U`.
+
+use core::sync::atomic::{Ordering, fence};
+
+use ct_worker::{JoinHandleItf, UltItf};
+
+use crate::com::Communicator;
+
+use super::super::error::{DsmError, DsmResult};
+use super::super::segment::Segment;
+use super::{PARALLEL_RELEASE_MIN, Space, TxKind};
+
+impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
+    /// Releases block `idx` if it is in the write set.
+    pub(super) fn release_block(&self, seg: &Segment<U>, idx: usize) -> DsmResult<bool> {
+        let mut m = seg.entry(idx).lock();
+        if !m.in_write_set {
+            return Ok(false);
+        }
+        if !m.state.dirty() {
+            m.in_write_set = false;
+            return Ok(false);
+        }
+        if !self.fast_release(seg, idx, &mut m)? {
+            self.transaction(seg, idx, &mut m, TxKind::Release)?;
+        }
+        Ok(m.in_write_set)
+    }
+
+    /// Release fence: every block with local changes is merged (or fast
+    /// released) and its write notice added to the release signature.
+    pub fn release_fence(&self) -> DsmResult<()> {
+        self.check()?;
+        let _serial = self.release_lock.lock();
+        // Local stores are visible before lock words are read (fast release).
+        fence(Ordering::SeqCst);
+        let blocks = core::mem::take(&mut *self.write_set.lock());
+        let parallel = blocks.len() >= PARALLEL_RELEASE_MIN && U::num_workers() > 1;
+        let (keep, result) = if parallel {
+            self.release_parallel(blocks, U::num_workers())
+        } else {
+            self.release_list(&blocks)
+        };
+        if !keep.is_empty() {
+            self.write_set.lock().extend(keep);
+        }
+        self.guard(result)
+    }
+
+    /// Releases `blocks` one after the other; returns the ones that stay in
+    /// the write set and the first error.
+    pub(super) fn release_list(&self, blocks: &[usize]) -> (Vec<usize>, DsmResult<()>) {
+        let mut keep = Vec::new();
+        let mut result = Ok(());
+        for &addr in blocks {
+            if result.is_err() {
+                keep.push(addr);
+                continue;
+            }
+            let Some((seg, idx)) = self.locate(addr) else {
+                continue;
+            };
+            match self.release_block(seg, idx) {
+                Ok(true) => keep.push(addr),
+                Ok(false) => {}
+                Err(e) => {
+                    keep.push(addr);
+                    result = Err(e);
+                }
+            }
+        }
+        (keep, result)
+    }
+
+    /// Releases `blocks` in parallel, in strided chunks on threads of `U`
+    /// (Endo 2020 §3.5.3: merges of a release fence run in parallel).
+    pub(super) fn release_parallel(
+        &self,
+        blocks: Vec<usize>,
+        workers: usize,
+    ) -> (Vec<usize>, DsmResult<()>) {
+        let tasks = (workers * 4)
+            .min(blocks.len() / (PARALLEL_RELEASE_MIN / 4))
+            .max(2);
+        // SAFETY: the space is leaked by `Dsm::with_config` and only freed by
+        // `Dsm::finalize`, which consumes the only handle and so cannot run
+        // while this call (which borrows the space through it) is running;
+        // every task is joined before we return.
+        let me: &'static Self = unsafe { &*(self as *const Self) };
+        let blocks = std::sync::Arc::new(blocks);
+        let handles: Vec<_> = (1..tasks)
+            .map(|t| {
+                let blocks = blocks.clone();
+                U::spawn(move || {
+                    let mine: Vec<usize> = blocks.iter().copied().skip(t).step_by(tasks).collect();
+                    me.release_list(&mine)
+                })
+            })
+            .collect();
+        let mine: Vec<usize> = blocks.iter().copied().step_by(tasks).collect();
+        let (mut keep, mut result) = self.release_list(&mine);
+        for h in handles {
+            let (k, r) = h.join();
+            keep.extend(k);
+            if result.is_ok() {
+                result = r;
+            }
+        }
+        (keep, result)
+    }
+
+    /// Releases only the blocks overlapping `[addr, addr + len)` (used when
+    /// memory changes hands, e.g. by `free`).
+    pub fn release_range(&self, addr: usize, len: usize) -> DsmResult<()> {
+        self.check()?;
+        let mut a = addr;
+        let end = addr + len;
+        while a < end {
+            let Some((seg, idx)) = self.locate(a) else {
+                return Err(DsmError::InvalidArgument(format!(
+                    "{a:#x} is not in the DSM"
+                )));
+            };
+            self.release_block(seg, idx).map_err(|e| self.fail(e))?;
+            a = seg.app(idx) + seg.block_size;
+        }
+        Ok(())
+    }
+
+    /// Drops this process's copies of the blocks overlapping `[addr, addr +
+    /// len)` so their next access fetches the latest version (used when
+    /// memory changes hands, e.g. by `malloc`).
+    pub fn forget_range(&self, addr: usize, len: usize) -> DsmResult<()> {
+        self.check()?;
+        let mut a = addr;
+        let end = addr + len;
+        while a < end {
+            let Some((seg, idx)) = self.locate(a) else {
+                return Err(DsmError::InvalidArgument(format!(
+                    "{a:#x} is not in the DSM"
+                )));
+            };
+            if !self.is_fixed_home(seg, idx) {
+                let mut m = seg.entry(idx).lock();
+                self.invalidate(seg, idx, &mut m)
+                    .map_err(|e| self.fail(e))?;
+                if !m.state.readable() {
+                    // The next access takes the lock and finds the latest
+                    // version.
+                    m.force_tx = true;
+                }
+            }
+            a = seg.app(idx) + seg.block_size;
+        }
+        Ok(())
+    }
+}

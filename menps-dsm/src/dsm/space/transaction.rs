@@ -1,0 +1,403 @@
+//! Transactions: the global block locks, the version intervals, merging
+//! with the latest version, and fast release (Endo 2020 §3.4.2, §3.4.6,
+//! §3.5.4).
+
+use core::sync::atomic::{Ordering, fence};
+
+use ct_worker::UltItf;
+
+use crate::com::{Communicator, WindowId};
+
+use super::super::config::{InvalidationPolicy, WriterPolicy};
+use super::super::diff;
+use super::super::error::DsmResult;
+use super::super::layout;
+use super::super::qlock::{self, Granted};
+use super::super::segment::{BlockMeta, BlockState, LAD_OFF, Lad, Segment};
+use super::super::signature::WriteNotice;
+use super::{AtomicOp, Space, Tmp, TxKind, bump};
+
+impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
+    // ---------------------------------------------------------------
+    // Global block locks
+
+    pub(super) fn read_lad(&self, win: WindowId, rank: usize, off: u64) -> DsmResult<Lad> {
+        let mut b = [0u8; Lad::BYTES];
+        self.com.read(win.at(rank, off + LAD_OFF as u64), &mut b)?;
+        Lad::from_bytes(&b)
+    }
+
+    /// Takes block `idx`'s global lock; returns its LAD.
+    pub(super) fn lock_block(&self, seg: &Segment<U>, idx: usize) -> DsmResult<Lad> {
+        match self.cfg.writer {
+            WriterPolicy::Floating => {
+                let site = self.block_site(seg, idx);
+                match qlock::lock(&self.com, &site)? {
+                    Granted::Local => self.read_lad(seg.meta_win, self.rank, seg.meta_off(idx)),
+                    Granted::FromOwner(p) => self.read_lad(seg.meta_win, p, seg.meta_off(idx)),
+                    Granted::HandOff(_, bytes) => Lad::from_bytes(&bytes),
+                }
+            }
+            WriterPolicy::Fixed => {
+                let home = self.fixed_home(seg, idx);
+                qlock::spin_lock(&self.com, seg.meta_win.at(home, seg.meta_off(idx)))?;
+                self.read_lad(seg.meta_win, home, seg.meta_off(idx))
+            }
+        }
+    }
+
+    pub(super) fn unlock_block(&self, seg: &Segment<U>, idx: usize, lad: Lad) -> DsmResult<()> {
+        let bytes = lad.to_bytes();
+        match self.cfg.writer {
+            WriterPolicy::Floating => {
+                let site = self.block_site(seg, idx);
+                let slot = seg
+                    .meta_win
+                    .at(self.rank, seg.meta_off(idx) + LAD_OFF as u64);
+                qlock::unlock(&self.com, &site, &bytes, || {
+                    self.com.write(slot, &bytes).map_err(Into::into)
+                })
+            }
+            WriterPolicy::Fixed => {
+                let home = self.fixed_home(seg, idx);
+                let word = seg.meta_win.at(home, seg.meta_off(idx));
+                self.com.write(word.add(LAD_OFF as u64), &bytes)?;
+                qlock::spin_unlock(&self.com, word)
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------
+    // Transactions
+
+    /// New interval of a version: written versions get a write timestamp
+    /// above every lease handed out; every transaction extends the lease.
+    pub(super) fn next_interval(&self, lad: &Lad, written: bool) -> (u64, u64) {
+        let acq = self.acq_ts.load(Ordering::Acquire);
+        let lease = self.cfg.lease;
+        if written {
+            let wr = (lad.rd + 1).max(acq);
+            (wr, wr.max(acq) + lease)
+        } else {
+            (lad.wr, (lad.wr.max(acq) + lease).max(lad.rd))
+        }
+    }
+
+    /// Runs a transaction on block `idx`: takes its global lock, merges this
+    /// process's changes with the latest version, updates the timestamps and
+    /// the block's state, records a write notice, and unlocks. Returns the
+    /// old value for atomic operations.
+    pub(super) fn transaction(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &mut BlockMeta,
+        kind: TxKind,
+    ) -> DsmResult<u64> {
+        bump(&self.stats.transactions);
+        let was = m.state;
+        let dirty = was.dirty();
+        m.force_tx = false;
+        let mut lad = self.lock_block(seg, idx)?;
+        let result = self.transaction_locked(seg, idx, m, kind, was, dirty, &mut lad);
+        match result {
+            Ok((old, written, exported, copied_back_to)) => {
+                if let Some(p) = copied_back_to {
+                    self.com.flush(p)?;
+                }
+                // The write notice: for a written version, or for changes of
+                // ours that someone else's migration already exported (they
+                // are then in the latest version, but our acquirers must
+                // still drop their copies).
+                let notice = (written || exported).then(|| {
+                    WriteNotice::new(
+                        seg.app(idx),
+                        self.lad_holder(seg, idx, &lad),
+                        lad.wr,
+                        lad.rd,
+                    )
+                });
+                self.unlock_block(seg, idx, lad)?;
+                if let Some(wn) = notice {
+                    self.rel_sig.lock().push(wn);
+                }
+                Ok(old)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Process whose copy holds the version the LAD describes.
+    pub(super) fn lad_holder(&self, seg: &Segment<U>, idx: usize, lad: &Lad) -> usize {
+        match self.cfg.writer {
+            WriterPolicy::Fixed => self.fixed_home(seg, idx),
+            WriterPolicy::Floating => {
+                if lad.last_writer == 0 {
+                    self.rank
+                } else {
+                    lad.last_writer as usize - 1
+                }
+            }
+        }
+    }
+
+    /// The body of a transaction, with the global lock held. Updates `lad`
+    /// to the new LAD. Returns (old atomic value, written, exported,
+    /// process whose twin we wrote).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn transaction_locked(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &mut BlockMeta,
+        kind: TxKind,
+        was: BlockState,
+        dirty: bool,
+        lad: &mut Lad,
+    ) -> DsmResult<(u64, bool, bool, Option<usize>)> {
+        let me = self.rank;
+        let bs = seg.block_size;
+        let off = seg.offset(idx);
+        let fixed = self.cfg.writer == WriterPolicy::Fixed;
+        let home = if fixed {
+            self.fixed_home(seg, idx)
+        } else if lad.last_writer == 0 {
+            me
+        } else {
+            lad.last_writer as usize - 1
+        };
+        let remote = home != me;
+        let thr = self.cfg.wr_count_threshold;
+        let pinned = was == BlockState::Pinned;
+        // Stop local writers before merging remote changes into our copy (or
+        // when the block keeps being released without writes).
+        let protect_before = was == BlockState::Writable && (remote || m.wr_count >= thr);
+        if protect_before {
+            layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
+        }
+        let write_protected = !was.writable() || protect_before;
+        let detect = self.cfg.race_detection;
+        // SAFETY: the block's entry lock is held, and either the application
+        // view does not allow writes (invalid, read-only, or protected just
+        // now), or the copy is ours alone to merge into (pinned: only words
+        // the other side changed are rewritten; writable without remote
+        // changes: the system view is only read).
+        let (data, twin) = unsafe {
+            (
+                diff::words_mut(seg.sys(idx), bs),
+                diff::words_mut(seg.twin_of(idx), bs),
+            )
+        };
+        let mut written = false;
+        let mut exported = false;
+        let mut copied_back_to = None;
+        // The version taken from the old home, kept for the copy back.
+        let mut taken: Option<Tmp<'_>> = None;
+        if !remote {
+            if dirty {
+                written = diff::differs(data, twin);
+                if written {
+                    twin.copy_from_slice(data);
+                }
+            }
+        } else {
+            let mut tmp = self.tmp(bs);
+            self.com.read(seg.data_win.at(home, off), tmp.bytes_mut())?;
+            self.stats.bytes_fetched.fetch_add(bs, Ordering::Relaxed);
+            if fixed {
+                if dirty {
+                    // Take in the home's changes (only words the home's
+                    // version changed are rewritten: a pinned stack's live
+                    // words stay), then send our changed bytes to the home's
+                    // copy and twin (the twin too, so the home does not take
+                    // them for its own changes).
+                    let mut runs = Vec::new();
+                    diff::changed_runs(data, twin, &mut runs);
+                    diff::read_merge(data, twin, &tmp.buf, detect)
+                        .map_err(|r| self.race(seg, idx, r, home))?;
+                    written = !runs.is_empty();
+                    // SAFETY: byte views reborrowed from the word views (same
+                    // memory, `bs` bytes each).
+                    let (dbytes, tbytes) = unsafe {
+                        (
+                            core::slice::from_raw_parts(data.as_ptr().cast::<u8>(), bs),
+                            core::slice::from_raw_parts_mut(twin.as_mut_ptr().cast::<u8>(), bs),
+                        )
+                    };
+                    // Each run is copied once and the copy sent: a pinned
+                    // stack may change while we send (our own frames live
+                    // there), and the home's copy, its twin and our twin must
+                    // get the same bytes. Later changes stay in our diff.
+                    let mut snap = Vec::new();
+                    for &(o, len) in &runs {
+                        let at = off + o as u64;
+                        snap.clear();
+                        snap.extend_from_slice(&dbytes[o..o + len]);
+                        self.com.write(seg.data_win.at(home, at), &snap)?;
+                        self.com.write(seg.twin_win.at(home, at), &snap)?;
+                        tbytes[o..o + len].copy_from_slice(&snap);
+                    }
+                    copied_back_to = written.then_some(home);
+                } else {
+                    data.copy_from_slice(&tmp.buf);
+                }
+            } else {
+                if dirty {
+                    let merged = diff::write_merge(data, twin, &tmp.buf, detect)
+                        .map_err(|r| self.race(seg, idx, r, home))?;
+                    written = merged.local_changes;
+                    exported = !written;
+                } else {
+                    data.copy_from_slice(&tmp.buf);
+                }
+                taken = Some(tmp);
+            }
+        }
+        // An atomic operation on the merged copy (in the twin too, so it is
+        // not mistaken for a pending local change).
+        let mut old = 0;
+        if let TxKind::Atomic(at, op) = kind {
+            let w = at / 8;
+            old = data[w];
+            let new = match op {
+                AtomicOp::Load => None,
+                AtomicOp::Store(v) => Some(v),
+                AtomicOp::FetchAdd(d) => Some(old.wrapping_add(d)),
+                AtomicOp::CompareExchange(e, n) => (old == e).then_some(n),
+            };
+            if let Some(v) = new {
+                data[w] = v;
+                twin[w] = v;
+                written = true;
+                if fixed && remote {
+                    let b = v.to_le_bytes();
+                    self.com.write(seg.data_win.at(home, off + at as u64), &b)?;
+                    self.com.write(seg.twin_win.at(home, off + at as u64), &b)?;
+                    copied_back_to = Some(home);
+                }
+            }
+        }
+        // Copy back, when the block migrates to us (we wrote it): the version
+        // we took becomes the old home's base version, so its later diffs
+        // hold only its later writes. Not when we only read it: the old home
+        // stays the last writer, and its unreleased writes (which we may
+        // have taken) must stay in its diff, so its release announces them.
+        if let Some(t) = taken
+            && written
+        {
+            self.com.write(seg.twin_win.at(home, off), t.bytes())?;
+            copied_back_to = Some(home);
+        }
+        // Timestamps.
+        let (wr, rd) = self.next_interval(lad, written);
+        if written && !fixed {
+            lad.last_writer = me as u64 + 1;
+        }
+        lad.wr = wr;
+        lad.rd = rd;
+        if self.cfg.invalidation == InvalidationPolicy::Directory {
+            let bit = 1u64 << me;
+            if written {
+                // Everyone else who holds a copy drops it at its next
+                // acquire.
+                let others = lad.sharers & !bit;
+                for q in 0..self.nprocs {
+                    if others & (1 << q) != 0 {
+                        self.post_invalidation(q, seg.app(idx))?;
+                    }
+                }
+                lad.sharers = bit;
+            } else {
+                lad.sharers |= bit;
+            }
+        }
+        m.cur_wr = wr;
+        m.cur_rd = rd;
+        m.home = if fixed {
+            home as u32 + 1
+        } else {
+            self.lad_holder(seg, idx, lad) as u32 + 1
+        };
+        // State.
+        let new_state = match kind {
+            TxKind::PinnedRefresh => BlockState::Pinned,
+            _ if pinned => BlockState::Pinned,
+            _ if write_protected => BlockState::ReadonlyClean,
+            _ => was,
+        };
+        m.state = new_state;
+        if !new_state.dirty() {
+            m.in_write_set = false;
+        }
+        if new_state != was || !was.readable() {
+            self.protect(seg, idx, new_state)?;
+        }
+        self.add_to_read_set(seg, idx, m);
+        // Fast-release bookkeeping.
+        if write_protected {
+            m.wr_count = 0;
+            m.fast_rel_threshold = 1;
+        } else if written {
+            m.wr_count = 0;
+            m.fast_rel_threshold =
+                (m.fast_rel_threshold.max(1) * 2).min(self.cfg.max_fast_releases);
+        } else {
+            m.wr_count += m.fast_rel_count + 1;
+            m.fast_rel_threshold = 1;
+        }
+        m.fast_rel_count = 0;
+        m.written_last = written && !remote && !fixed;
+        Ok((old, written, exported && dirty, copied_back_to))
+    }
+
+    /// Fast release (Endo 2020 §3.4.6, Listing 3.1) of a writable block we
+    /// were the last writer of: a new interval is stored in our own LAD slot
+    /// and, if our lock word still says the lock is free here (nobody took
+    /// the block since), the release is complete without the global lock or
+    /// a twin copy. The write notice carries the *new* interval, so a reader
+    /// holding the previous version always drops it (the original published
+    /// the previous interval in some paths: a stale-read hole).
+    pub(super) fn fast_release(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &mut BlockMeta,
+    ) -> DsmResult<bool> {
+        if !(self.cfg.fast_release_active()
+            && m.state.writable()
+            && m.written_last
+            && m.fast_rel_count < m.fast_rel_threshold.max(1))
+        {
+            return Ok(false);
+        }
+        let site = self.block_site(seg, idx);
+        let off = seg.meta_off(idx);
+        // Cheap early exit: the lock has moved on.
+        if !qlock::owned_here(&self.com, &site)? {
+            return Ok(false);
+        }
+        let mut lad = self.read_lad(seg.meta_win, self.rank, off)?;
+        debug_assert_eq!(lad.last_writer, self.rank as u64 + 1);
+        let (wr, rd) = self.next_interval(&lad, true);
+        lad.wr = wr;
+        lad.rd = rd;
+        self.com.write(
+            seg.meta_win.at(self.rank, off + LAD_OFF as u64),
+            &lad.to_bytes(),
+        )?;
+        // Our writes to the block and the new LAD are visible before we look
+        // at the lock word: whoever takes the lock after our check sees both.
+        fence(Ordering::SeqCst);
+        if !qlock::owned_here(&self.com, &site)? {
+            return Ok(false);
+        }
+        bump(&self.stats.fast_releases);
+        m.fast_rel_count += 1;
+        m.cur_wr = wr;
+        m.cur_rd = rd;
+        self.rel_sig
+            .lock()
+            .push(WriteNotice::new(seg.app(idx), self.rank, wr, rd));
+        Ok(true)
+    }
+}
