@@ -80,6 +80,7 @@ fn main() {
     if args.help() {
         eprintln!(
             "mutex [--threads 50] [--iters 200000] [--mutexes 1,50] [--workers 1,2] [--runs 7]\n\
+             [--baselines true|false]\n\
              Seed parameters: 50 threads x 200,000 lock/increment/unlock, 1 and 50 mutexes,\n\
              1 and 2 workers. Prints JSON lines (seconds), with std::sync::Mutex,\n\
              parking_lot::Mutex and ct-sync on 50 OS threads measured in the same run."
@@ -91,6 +92,7 @@ fn main() {
     let mutexes: Vec<usize> = args.list("mutexes", &[1, 50]);
     let workers: Vec<usize> = args.list("workers", &[1, 2]);
     let runs: usize = args.get("runs", 7);
+    let baselines: bool = args.get("baselines", true);
 
     for &m in &mutexes {
         let params = |w: usize| -> Vec<(&str, Param)> {
@@ -106,6 +108,9 @@ fn main() {
             let rt = Runtime::builder().workers(w).build().expect("runtime");
             let s = repeat(runs, || ct_run(&rt, threads, iters, m));
             emit("ct-sync", "mutex", "ct-sync", &params(w), "s", &s);
+        }
+        if !baselines {
+            continue;
         }
         eprintln!("std::sync::Mutex with {threads} OS threads...");
         let s = repeat(runs, || {
