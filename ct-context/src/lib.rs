@@ -97,7 +97,7 @@
 
 mod arch;
 mod context;
-mod coroutine;
+pub mod coroutine;
 mod error;
 pub mod policy;
 pub mod stack;

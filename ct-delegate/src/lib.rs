@@ -23,9 +23,9 @@
 
 mod completion;
 mod consumer;
-mod delegator;
-mod offload;
-mod queue;
+pub mod delegator;
+pub mod offload;
+pub mod queue;
 mod sync;
 
 pub use completion::{Completion, CompletionRef};

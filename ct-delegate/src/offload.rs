@@ -39,7 +39,7 @@ use crate::sync::{AtomicBool, AtomicUsize, Backoff, Ordering};
 
 /// Most commands the executor posts, or completions the completer polls,
 /// per hold of the device lock.
-const BATCH: usize = 32;
+pub const BATCH: usize = 32;
 
 /// Identifies a command in flight on a [`Device`].
 pub type Tag = usize;

@@ -28,8 +28,8 @@
 
 mod barrier;
 mod condvar;
-mod mcs_core;
-mod mutex;
+pub mod mcs_core;
+pub mod mutex;
 pub mod node_pool;
 mod spinlock;
 mod sync;

@@ -83,7 +83,7 @@ mod remote_list;
 mod rng;
 mod runtime;
 mod scope;
-mod suspended;
+pub mod suspended;
 mod sync;
 mod task;
 mod worker;

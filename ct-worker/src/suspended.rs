@@ -23,7 +23,10 @@ use crate::sync::{AtomicUsize, Ordering};
 use crate::task::TaskRef;
 use crate::worker::Worker;
 
-/// A slot holding at most one parked thread. See the [module docs](self).
+/// A slot holding at most one parked thread: a parker publishes itself and
+/// then decides (after its context is saved) whether to park; a notifier
+/// takes the slot with one swap, so exactly one of "the parker cancels" and
+/// "a notifier wakes it" happens.
 ///
 /// `SuspendedThread` is `Sync`: the parking thread and its notifiers use it
 /// concurrently. It is meant to live inside a synchronisation object (a lock

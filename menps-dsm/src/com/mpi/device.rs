@@ -82,7 +82,7 @@ struct InFlight {
 /// lets the completer catch up).
 const MAX_IN_FLIGHT: usize = 1024;
 
-/// The MPI library as an offloadable device (see the [module docs](self)).
+/// The MPI library as an offloadable device (see the [`mpi` module docs](super)).
 pub(crate) struct RmaDevice {
     /// Rget requests and their commands (same order).
     gets: Vec<ffi::MPI_Request>,

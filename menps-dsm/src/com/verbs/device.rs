@@ -161,7 +161,7 @@ impl Drop for Pool {
     }
 }
 
-/// The verbs device (see the [module docs](self)).
+/// The verbs device (see the [`verbs` module docs](super)).
 pub(crate) struct VerbsDevice {
     /// Queue pair to each rank (index = rank; ours goes to `loopback`).
     qps: Vec<Qp>,
