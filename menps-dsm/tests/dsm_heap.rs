@@ -8,13 +8,13 @@ use std::collections::HashSet;
 use std::process::Command;
 
 use ct_worker::OsThreads;
-use menps_dsm::com::{Coll, ShmCom};
+use menps_dsm::com::{AnyCom, Coll};
 use menps_dsm::dsm::{Dsm, DsmBox, DsmError, DsmMutex, DsmVec};
 
 mod common;
 use common::*;
 
-type D = Dsm<ShmCom<OsThreads>, OsThreads>;
+type D = Dsm<AnyCom<OsThreads>, OsThreads>;
 
 /// Most processes a job of this file has.
 const MAXP: usize = 4;
@@ -43,7 +43,7 @@ fn job_entry() {
     let Ok(name) = std::env::var(SCENARIO) else {
         return;
     };
-    let com: ShmCom<OsThreads> = menps_dsm::launch::Builder::new()
+    let com: AnyCom<OsThreads> = menps_dsm::launch::Builder::new()
         .nprocs(2)
         .grace(std::time::Duration::from_secs(3))
         .init_or_relaunch()
@@ -677,4 +677,30 @@ fn typed_helpers() {
 #[test]
 fn dsm_global_counter_under_mutex() {
     run("global_counter", &[2, 4], "64M");
+}
+
+/// The heap, the typed helpers and globals on the `mpi` backend: the same
+/// scenarios as jobs of `mpirun` (they join as `AnyCom`), under the default
+/// protocol and the fixed home.
+#[cfg(feature = "mpi")]
+#[test]
+fn heap_typed_and_globals_under_mpirun() {
+    for scenario in ["churn", "reuse", "typed", "global_counter"] {
+        for writer in POLICIES {
+            let run = mpirun_job(
+                scenario,
+                3,
+                &[("MENPS_DSM_WRITER", writer), ("MENPS_DSM_HEAP_SIZE", "96M")],
+            );
+            let what = format!("{scenario} under mpirun, writer {writer}");
+            assert!(run.status.success(), "{what}: {}", run.dump());
+            for r in 0..3 {
+                assert!(
+                    run.stdout.contains(&format!("rank {r}: ok")),
+                    "{what}: rank {r} did not finish: {}",
+                    run.dump()
+                );
+            }
+        }
+    }
 }

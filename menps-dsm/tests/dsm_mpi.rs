@@ -34,11 +34,13 @@
 //!   offloaded as well (`MENPS_MPI_OFFLOAD=1`, the default for user-level
 //!   threads across machines).
 //!
-//! Not here (the documented subset): heap churn, globals, the random
-//! program generator and failure detection (`dsm_heap.rs`, `dsm_random.rs`,
-//! `dsm_failures.rs`, shm only; on MPI a dead process aborts the whole job,
-//! see `com::mpi`), and the one-process crash scenarios of `dsm.rs`, whose
-//! behaviour does not depend on the backend.
+//! The heap, `DsmBox`/`DsmVec` and `dsm_global!` run under `mpirun` in
+//! `dsm_heap.rs` (`heap_typed_and_globals_under_mpirun`, with the `mpi`
+//! feature). Not under MPI (the documented subset): the random program
+//! generator and failure detection (`dsm_random.rs`, `dsm_failures.rs`, shm
+//! only; on MPI a dead process aborts the whole job, see `com::mpi`), and
+//! the one-process crash scenarios of `dsm.rs`, whose behaviour does not
+//! depend on the backend.
 
 #![cfg(feature = "mpi")]
 
