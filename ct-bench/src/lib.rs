@@ -263,11 +263,38 @@ impl Args {
                 .collect(),
         }
     }
+
+    /// A comma-separated list of names among `choices` (`name`, value),
+    /// e.g. `--methods direct,dynamic`; all of them if absent. Exits with a
+    /// message naming `bench` and the valid names on an unknown name.
+    pub fn choices<T: Copy>(&self, name: &str, bench: &str, choices: &[(&str, T)]) -> Vec<T> {
+        let all: Vec<String> = choices.iter().map(|(n, _)| n.to_string()).collect();
+        self.list(name, &all)
+            .iter()
+            .map(|n| {
+                choices
+                    .iter()
+                    .find(|(c, _)| c == n)
+                    .map(|&(_, v)| v)
+                    .unwrap_or_else(|| {
+                        eprintln!("{bench}: unknown --{name} value {n} ({})", all.join(", "));
+                        std::process::exit(2)
+                    })
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn choices_pick_named_values() {
+        let a = Args::parse(["--methods".to_string(), "b,a".to_string()]);
+        assert_eq!(a.choices("methods", "t", &[("a", 1), ("b", 2)]), vec![2, 1]);
+        assert_eq!(a.choices("other", "t", &[("a", 1), ("b", 2)]), vec![1, 2]);
+    }
 
     #[test]
     fn stats_median() {

@@ -333,10 +333,7 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c
 
 fn report_overflow(addr: usize, start: usize, len: usize) -> ! {
     let mut buf = [0u8; 192];
-    let mut w = BufWriter {
-        buf: &mut buf,
-        len: 0,
-    };
+    let mut w = BufWriter::new(&mut buf);
     w.put(b"\nfatal: stack overflow in user-level thread (fault at ");
     w.hex(addr);
     w.put(b", guard page ");
@@ -344,27 +341,40 @@ fn report_overflow(addr: usize, start: usize, len: usize) -> ! {
     w.put(b"..");
     w.hex(start + len);
     w.put(b"); use a larger stack size\n");
-    let n = w.len;
-    // SAFETY: `write` and `abort` are async-signal-safe; `buf[..n]` is initialised.
-    unsafe {
-        libc::write(2, buf.as_ptr() as *const libc::c_void, n);
-        libc::abort();
-    }
+    w.write_to_stderr();
+    // SAFETY: `abort` is async-signal-safe.
+    unsafe { libc::abort() }
 }
 
-struct BufWriter<'a> {
+/// A message built without allocating, for signal handlers (here and in the
+/// DSM's fault hook): bytes and hex numbers into a fixed buffer, then one
+/// `write(2)` to stderr. Output beyond the buffer is cut.
+pub struct BufWriter<'a> {
     buf: &'a mut [u8],
     len: usize,
 }
 
-impl BufWriter<'_> {
-    fn put(&mut self, s: &[u8]) {
+impl<'a> BufWriter<'a> {
+    /// A writer filling `buf`.
+    pub fn new(buf: &'a mut [u8]) -> Self {
+        BufWriter { buf, len: 0 }
+    }
+
+    /// Writes the message so far to stderr (async-signal-safe).
+    pub fn write_to_stderr(&self) {
+        // SAFETY: `write` is async-signal-safe; `buf[..len]` is initialised.
+        unsafe { libc::write(2, self.buf.as_ptr() as *const libc::c_void, self.len) };
+    }
+
+    /// Appends `s`.
+    pub fn put(&mut self, s: &[u8]) {
         let n = s.len().min(self.buf.len() - self.len);
         self.buf[self.len..self.len + n].copy_from_slice(&s[..n]);
         self.len += n;
     }
 
-    fn hex(&mut self, v: usize) {
+    /// Appends `v` as `0x` and 16 hex digits.
+    pub fn hex(&mut self, v: usize) {
         let mut digits = [0u8; 18];
         digits[0] = b'0';
         digits[1] = b'x';
@@ -405,10 +415,7 @@ mod tests {
     #[test]
     fn hex_formatting() {
         let mut buf = [0u8; 32];
-        let mut w = BufWriter {
-            buf: &mut buf,
-            len: 0,
-        };
+        let mut w = BufWriter::new(&mut buf);
         w.hex(0xdead_beef);
         assert_eq!(&buf[..18], b"0x00000000deadbeef");
     }

@@ -763,33 +763,13 @@ fn main() {
         batch: args.get("batch", 256),
         run_time: Duration::from_millis(args.get("run-ms", if quick { 10 } else { 25 })),
     };
-    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let metrics: Vec<Metric> = args
-        .list("metrics", &names(&["latency", "rate"]))
-        .iter()
-        .map(|m| match m.as_str() {
-            "latency" => Metric::Latency,
-            "rate" => Metric::Rate,
-            other => {
-                eprintln!("offload: unknown metric {other} (latency, rate)");
-                std::process::exit(2)
-            }
-        })
-        .collect();
-    let all: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
-    let methods: Vec<Method> = args
-        .list("methods", &names(&all))
-        .iter()
-        .map(|n| {
-            *Method::ALL
-                .iter()
-                .find(|m| m.name() == n)
-                .unwrap_or_else(|| {
-                    eprintln!("offload: unknown method {n} ({})", all.join(", "));
-                    std::process::exit(2)
-                })
-        })
-        .collect();
+    let metrics = args.choices(
+        "metrics",
+        "offload",
+        &[("latency", Metric::Latency), ("rate", Metric::Rate)],
+    );
+    let named: Vec<(&str, Method)> = Method::ALL.iter().map(|&m| (m.name(), m)).collect();
+    let methods = args.choices("methods", "offload", &named);
     if cfg.queue < 2 || cfg.batch == 0 || cfg.p.depth == 0 || runs == 0 {
         eprintln!("offload: --queue must be >= 2; --batch, --depth and --runs >= 1");
         std::process::exit(2);

@@ -44,6 +44,7 @@ pub use condvar::Condvar;
 pub use mcs_core::{McsCore, McsNode};
 pub use mutex::{Mutex, MutexGuard, RawMutex};
 pub use spinlock::{McsSpinLock, SpinLock, SpinLockGuard};
+pub use sync::Backoff;
 
 /// Atomic types used by [`McsNode`] (loom's under `--cfg loom`).
 pub mod atomic {

@@ -72,14 +72,22 @@ impl<T> ProtocolCell<T> {
 
 /// Backs off in a wait loop: a few processor spin hints, then yields the
 /// thread through the threading interface (under loom: always yields, so the
-/// model makes progress).
-pub(crate) struct Backoff {
+/// model makes progress). Shared with ct-delegate.
+#[derive(Debug)]
+pub struct Backoff {
     #[cfg(not(loom))]
     step: u32,
 }
 
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Backoff {
-    pub(crate) fn new() -> Self {
+    /// A fresh back-off (spinning first).
+    pub fn new() -> Self {
         Backoff {
             #[cfg(not(loom))]
             step: 0,
@@ -89,7 +97,7 @@ impl Backoff {
     /// One round of waiting; `yield_now` yields the caller (a user-level or
     /// OS thread) once spinning has not helped.
     #[inline]
-    pub(crate) fn snooze(&mut self, yield_now: impl FnOnce()) {
+    pub fn snooze(&mut self, yield_now: impl FnOnce()) {
         #[cfg(loom)]
         {
             let _ = yield_now;

@@ -82,6 +82,59 @@ fn iters_for(size: usize) -> usize {
     (64 * 1024 * 1024 / size.max(64)).clamp(20, 1_000_000)
 }
 
+/// ns per one-way 8-byte message of a ping-pong between ranks 0 and 1 (the
+/// payload is checked).
+fn p2p_pingpong<C: P2p>(com: &C, runs: usize, pingpongs: usize) -> Stats {
+    let (me, peer) = (com.rank(), 1 - com.rank());
+    let msg = 0x0123_4567_89ab_cdefu64.to_le_bytes();
+    repeat(runs, || {
+        time_secs(|| {
+            for _ in 0..pingpongs {
+                if me == 0 {
+                    com.send(peer, 1, &msg).unwrap();
+                    let (_, m) = com.recv(Source::Rank(peer), 2).unwrap();
+                    if m != msg {
+                        fail("ping-pong payload");
+                    }
+                } else {
+                    let (_, m) = com.recv(Source::Rank(peer), 1).unwrap();
+                    com.send(peer, 2, &m).unwrap();
+                }
+            }
+        }) * 1e9
+            / (2 * pingpongs) as f64
+    })
+}
+
+/// Millions of 8-byte messages per second from rank 0 to rank 1, in
+/// `batches` batches of `batch` messages each acknowledged once (order and
+/// contents are checked).
+fn p2p_rate<C: P2p>(com: &C, runs: usize, batches: usize, batch: usize) -> Stats {
+    let (me, peer) = (com.rank(), 1 - com.rank());
+    repeat(runs, || {
+        let t = time_secs(|| {
+            for k in 0..batches {
+                if me == 0 {
+                    for i in 0..batch {
+                        com.send(peer, 3, &((k * batch + i) as u64).to_le_bytes())
+                            .unwrap();
+                    }
+                    com.recv(Source::Rank(peer), 4).unwrap();
+                } else {
+                    for i in 0..batch {
+                        let (_, m) = com.recv(Source::Rank(peer), 3).unwrap();
+                        if m != ((k * batch + i) as u64).to_le_bytes() {
+                            fail("message order or content");
+                        }
+                    }
+                    com.send(peer, 4, &[]).unwrap();
+                }
+            }
+        });
+        (batches * batch) as f64 / t / 1e6
+    })
+}
+
 fn fail(msg: &str) -> ! {
     eprintln!("rma: result check failed: {msg}");
     std::process::exit(1)
@@ -336,50 +389,10 @@ fn main() {
 
     // Point-to-point between ranks 0 and 1 (others idle).
     if me < 2 {
-        let peer = 1 - me;
         eprintln!("p2p ping-pong x {pingpongs}...");
-        let msg = 0x0123_4567_89ab_cdefu64.to_le_bytes();
-        let s = repeat(runs, || {
-            time_secs(|| {
-                for _ in 0..pingpongs {
-                    if me == 0 {
-                        com.send(peer, 1, &msg).unwrap();
-                        let (_, m) = com.recv(Source::Rank(peer), 2).unwrap();
-                        if m != msg {
-                            fail("ping-pong payload");
-                        }
-                    } else {
-                        let (_, m) = com.recv(Source::Rank(peer), 1).unwrap();
-                        com.send(peer, 2, &m).unwrap();
-                    }
-                }
-            }) * 1e9
-                / (2 * pingpongs) as f64
-        });
+        let s = p2p_pingpong(&com, runs, pingpongs);
         b.emit("p2p-latency", "shm", "send-recv", 8, "ns", &s);
-        let batches = 200;
-        let s = repeat(runs, || {
-            let t = time_secs(|| {
-                for k in 0..batches {
-                    if me == 0 {
-                        for i in 0..batch {
-                            com.send(peer, 3, &((k * batch + i) as u64).to_le_bytes())
-                                .unwrap();
-                        }
-                        com.recv(Source::Rank(peer), 4).unwrap();
-                    } else {
-                        for i in 0..batch {
-                            let (_, m) = com.recv(Source::Rank(peer), 3).unwrap();
-                            if m != ((k * batch + i) as u64).to_le_bytes() {
-                                fail("message order or content");
-                            }
-                        }
-                        com.send(peer, 4, &[]).unwrap();
-                    }
-                }
-            });
-            (batches * batch) as f64 / t / 1e6
-        });
+        let s = p2p_rate(&com, runs, 200, batch);
         b.emit("p2p-rate", "shm", "send-recv", 8, "Mmsg/s", &s);
     }
     com.barrier().unwrap();
@@ -410,9 +423,7 @@ mod mpi_bench {
 
     use ct_bench::{Args, Param, Stats, emit, repeat, time_secs};
     use ct_worker::Ult;
-    use menps_dsm::com::{
-        Coll, Comm, MpiCom, P2p, RemotePtr, Rma, RmaRequest, Source, WindowId, Windows,
-    };
+    use menps_dsm::com::{Coll, Comm, MpiCom, RemotePtr, Rma, RmaRequest, WindowId, Windows};
 
     pub const HELP: &str = "\
 Under mpirun (built with --features mpi): the same figures on the mpi backend,
@@ -526,44 +537,10 @@ user-level thread worker per process. Iterations are 1/20 of shm's.";
         com.barrier().unwrap();
 
         if me < 2 {
-            let peer = 1 - me;
             eprintln!("p2p ping-pong x {pingpongs}...");
-            let msg = 0x0123_4567_89ab_cdefu64.to_le_bytes();
-            let s = repeat(runs, || {
-                time_secs(|| {
-                    for _ in 0..pingpongs {
-                        if me == 0 {
-                            com.send(peer, 1, &msg).unwrap();
-                            let (_, m) = com.recv(Source::Rank(peer), 2).unwrap();
-                            if m != msg {
-                                fail("ping-pong payload");
-                            }
-                        } else {
-                            let (_, m) = com.recv(Source::Rank(peer), 1).unwrap();
-                            com.send(peer, 2, &m).unwrap();
-                        }
-                    }
-                }) * 1e9
-                    / (2 * pingpongs) as f64
-            });
+            let s = super::p2p_pingpong(com, runs, pingpongs);
             b.emit("p2p-latency", "mpi", "send-recv", 8, "ns", &s);
-            let batches = 50;
-            let s = b.rate(batches, batch, &mut || {
-                if me == 0 {
-                    for i in 0..batch {
-                        com.send(peer, 3, &(i as u64).to_le_bytes()).unwrap();
-                    }
-                    com.recv(Source::Rank(peer), 4).unwrap();
-                } else {
-                    for i in 0..batch {
-                        let (_, m) = com.recv(Source::Rank(peer), 3).unwrap();
-                        if m != (i as u64).to_le_bytes() {
-                            fail("message order or content");
-                        }
-                    }
-                    com.send(peer, 4, &[]).unwrap();
-                }
-            });
+            let s = super::p2p_rate(com, runs, 50, batch);
             b.emit("p2p-rate", "mpi", "send-recv", 8, "Mmsg/s", &s);
         }
         com.barrier().unwrap();

@@ -583,33 +583,16 @@ fn main() {
         return;
     }
     let sizes: Vec<usize> = args.list("sizes", &[0, 8, 64, 512, 4096, 32768]);
-    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-    let patterns: Vec<Pattern> = args
-        .list("patterns", &names(&["clustered", "scattered"]))
-        .iter()
-        .map(|p| match p.as_str() {
-            "clustered" => Pattern::Clustered,
-            "scattered" => Pattern::Scattered,
-            other => {
-                eprintln!("write-methods: unknown pattern {other} (clustered, scattered)");
-                std::process::exit(2)
-            }
-        })
-        .collect();
-    let all: Vec<&str> = Method::ALL.iter().map(|m| m.name()).collect();
-    let methods: Vec<Method> = args
-        .list("methods", &names(&all))
-        .iter()
-        .map(|n| {
-            *Method::ALL
-                .iter()
-                .find(|m| m.name() == n)
-                .unwrap_or_else(|| {
-                    eprintln!("write-methods: unknown method {n} ({})", all.join(", "));
-                    std::process::exit(2)
-                })
-        })
-        .collect();
+    let patterns = args.choices(
+        "patterns",
+        "write-methods",
+        &[
+            ("clustered", Pattern::Clustered),
+            ("scattered", Pattern::Scattered),
+        ],
+    );
+    let named: Vec<(&str, Method)> = Method::ALL.iter().map(|&m| (m.name(), m)).collect();
+    let methods = args.choices("methods", "write-methods", &named);
     let block: usize = args.get("block", 32 * 1024);
     let run_len: usize = args.get("run-len", 64);
     let runs: usize = args.get("runs", 7);

@@ -22,45 +22,31 @@ fn job_entry() {
 // The driver side.
 
 /// The policy combinations every scenario runs under.
-const POLICIES: &[(&str, &str, &str)] = &[
-    ("floating", "hybrid", "1"),
-    ("floating", "hybrid", "0"),
-    ("floating", "timestamp", "1"),
-    ("floating", "directory", "1"),
-    ("fixed", "hybrid", "1"),
-    ("fixed", "timestamp", "1"),
-    ("fixed", "directory", "1"),
-];
+const POLICIES: [(&str, &str, &str); 7] = DSM_POLICIES;
 
-fn job(scenario: &str, nprocs: usize, policy: (&str, &str, &str)) -> JobRun {
+fn job(
+    scenario: &str,
+    nprocs: usize,
+    policy: (&'static str, &'static str, &'static str),
+) -> JobRun {
     let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
     entry_args(&mut cmd);
     cmd.env(SCENARIO, scenario)
         .env("MENPS_NPROCS", nprocs.to_string())
-        .env("MENPS_DSM_WRITER", policy.0)
-        .env("MENPS_DSM_INVALIDATION", policy.1)
-        .env("MENPS_DSM_FAST_RELEASE", policy.2)
-        .env("MENPS_DSM_FAST_READ", policy.2);
+        .envs(dsm_policy_env(policy));
     let tag = new_tag(scenario);
     drive(cmd, &tag, |_, _| false)
 }
 
 fn run_everywhere(scenario: &str, procs: &[usize]) {
     for &n in procs {
-        for &pol in POLICIES {
+        for &pol in &POLICIES {
             let run = job(scenario, n, pol);
-            assert!(
-                run.status.success(),
-                "{scenario} with {n} processes under {pol:?}: {}",
-                run.dump()
+            assert_passed(
+                &run,
+                &format!("{scenario} with {n} processes under {pol:?}"),
+                n,
             );
-            for r in 0..n {
-                assert!(
-                    run.stdout.contains(&format!("rank {r}: ok")),
-                    "{scenario} with {n} processes under {pol:?}: rank {r} did not finish: {}",
-                    run.dump()
-                );
-            }
         }
     }
 }
@@ -190,7 +176,7 @@ fn bad_configuration_is_a_clear_error() {
 
 #[test]
 fn write_write_race_is_reported() {
-    for &pol in POLICIES {
+    for &pol in &POLICIES {
         let run = job("race", 3, pol);
         assert!(
             !run.status.success(),

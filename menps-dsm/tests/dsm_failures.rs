@@ -250,15 +250,7 @@ fn busy(dsm: &D) {
 // The driver side.
 
 /// The policy combinations (as in `tests/dsm.rs`).
-const POLICIES: [(&str, &str, &str); 7] = [
-    ("floating", "hybrid", "1"),
-    ("floating", "hybrid", "0"),
-    ("floating", "timestamp", "1"),
-    ("floating", "directory", "1"),
-    ("fixed", "hybrid", "1"),
-    ("fixed", "timestamp", "1"),
-    ("fixed", "directory", "1"),
-];
+const POLICIES: [(&str, &str, &str); 7] = DSM_POLICIES;
 
 fn command(scenario: &str, n: usize, pol: (&str, &str, &str)) -> Command {
     let mut cmd = clean_cmd(std::env::current_exe().unwrap());

@@ -641,14 +641,7 @@ fn run(scenario: &str, procs: &[usize], heap: &str) {
         for &writer in POLICIES {
             let run = job(scenario, n, writer, heap);
             let what = format!("{scenario} with {n} processes, writer {writer}");
-            assert!(run.status.success(), "{what}: {}", run.dump());
-            for r in 0..n {
-                assert!(
-                    run.stdout.contains(&format!("rank {r}: ok")),
-                    "{what}: rank {r} did not finish: {}",
-                    run.dump()
-                );
-            }
+            assert_passed(&run, &what, n);
             eprintln!("{what}: {:?}", run.elapsed);
         }
     }
@@ -692,15 +685,11 @@ fn heap_typed_and_globals_under_mpirun() {
                 3,
                 &[("MENPS_DSM_WRITER", writer), ("MENPS_DSM_HEAP_SIZE", "96M")],
             );
-            let what = format!("{scenario} under mpirun, writer {writer}");
-            assert!(run.status.success(), "{what}: {}", run.dump());
-            for r in 0..3 {
-                assert!(
-                    run.stdout.contains(&format!("rank {r}: ok")),
-                    "{what}: rank {r} did not finish: {}",
-                    run.dump()
-                );
-            }
+            assert_passed(
+                &run,
+                &format!("{scenario} under mpirun, writer {writer}"),
+                3,
+            );
         }
     }
 }

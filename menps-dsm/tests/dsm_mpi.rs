@@ -58,17 +58,8 @@ fn job_entry() {
 // ---------------------------------------------------------------------------
 // The driver side.
 
-/// The policy combinations (writer, invalidation, fast release and fast
-/// read), as in `dsm.rs`.
-const POLICIES: &[(&str, &str, &str)] = &[
-    ("floating", "hybrid", "1"),
-    ("floating", "hybrid", "0"),
-    ("floating", "timestamp", "1"),
-    ("floating", "directory", "1"),
-    ("fixed", "hybrid", "1"),
-    ("fixed", "timestamp", "1"),
-    ("fixed", "directory", "1"),
-];
+/// The policy combinations, as in `dsm.rs`.
+const POLICIES: [(&str, &str, &str); 7] = DSM_POLICIES;
 
 /// Process counts of the multi-machine configuration.
 const PROCS: &[usize] = &[2, 4];
@@ -86,13 +77,13 @@ const ACROSS_MACHINES: &[(&str, &str)] = &[
     ("MENPS_MPI_PROGRESS_US", "100"),
 ];
 
-fn job(scenario: &str, n: usize, policy: (&str, &str, &str), extra: &[(&str, &str)]) -> JobRun {
-    let mut env = vec![
-        ("MENPS_DSM_WRITER", policy.0),
-        ("MENPS_DSM_INVALIDATION", policy.1),
-        ("MENPS_DSM_FAST_RELEASE", policy.2),
-        ("MENPS_DSM_FAST_READ", policy.2),
-    ];
+fn job(
+    scenario: &str,
+    n: usize,
+    policy: (&'static str, &'static str, &'static str),
+    extra: &[(&str, &str)],
+) -> JobRun {
+    let mut env: Vec<(&str, &str)> = dsm_policy_env(policy).to_vec();
     env.extend_from_slice(extra);
     let run = mpirun_job(scenario, n, &env);
     eprintln!(
@@ -102,22 +93,9 @@ fn job(scenario: &str, n: usize, policy: (&str, &str, &str), extra: &[(&str, &st
     run
 }
 
-/// Asserts that every process finished the scenario (and that it ran on
-/// the MPI backend, not on a relaunched shm job).
-fn assert_passed(run: &JobRun, what: &str, n: usize) {
-    assert!(run.status.success(), "{what}: {}", run.dump());
-    for r in 0..n {
-        assert!(
-            run.stdout.contains(&format!("rank {r}: ok")),
-            "{what}: rank {r} did not finish: {}",
-            run.dump()
-        );
-    }
-}
-
 fn run_everywhere(scenario: &str, procs: &[usize]) {
     for &n in procs {
-        for &pol in POLICIES {
+        for &pol in &POLICIES {
             let run = job(scenario, n, pol, &[]);
             assert_passed(&run, &format!("{scenario}, {n} processes, {pol:?}"), n);
         }
@@ -175,7 +153,7 @@ fn mpi_user_level_threads_fault_park_and_migrate() {
 #[test]
 fn mpi_write_write_race_is_reported() {
     let addr = format!("{:#x}", menps_dsm::dsm::layout::DSM_BASE + RACE_OFFSET);
-    for &pol in POLICIES {
+    for &pol in &POLICIES {
         let run = job("race", 3, pol, &[]);
         // A process that detects the race exits with status 42, and mpirun
         // then aborts the job.

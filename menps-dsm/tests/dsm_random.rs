@@ -1182,15 +1182,7 @@ fn run_program(ctx: &mut Ctx<'_>, image: &mut Image) {
 
 /// The policy combinations (as in `tests/dsm.rs`): writer, invalidation,
 /// fast release and fast read.
-const POLICIES: [(&str, &str, &str); 7] = [
-    ("floating", "hybrid", "1"),
-    ("floating", "hybrid", "0"),
-    ("floating", "timestamp", "1"),
-    ("floating", "directory", "1"),
-    ("fixed", "hybrid", "1"),
-    ("fixed", "timestamp", "1"),
-    ("fixed", "directory", "1"),
-];
+const POLICIES: [(&str, &str, &str); 7] = DSM_POLICIES;
 
 /// A policy: writer, invalidation, fast release, fast read.
 type Policy<'a> = (&'a str, &'a str, &'a str, &'a str);

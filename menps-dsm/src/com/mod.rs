@@ -25,6 +25,7 @@
 
 pub mod any;
 pub mod error;
+pub(crate) mod inbox;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 #[cfg(any(feature = "mpi", feature = "verbs"))]

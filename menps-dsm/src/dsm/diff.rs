@@ -69,6 +69,36 @@ pub struct Merged {
     pub local_changes: bool,
 }
 
+/// Checks one chunk (`range`) of the three versions before it is merged:
+/// accumulates this process's changes into `changed` and returns the first
+/// race if `detect` and both sides changed a byte in the chunk.
+#[inline(always)]
+fn check_chunk(
+    data: &[u64],
+    twin: &[u64],
+    other: &[u64],
+    range: core::ops::Range<usize>,
+    detect: bool,
+    changed: &mut u64,
+) -> Result<(), Race> {
+    let mut race = 0u64;
+    for i in range.clone() {
+        let (d, t, o) = (data[i], twin[i], other[i]);
+        let local = d ^ t;
+        race |= nonzero_bytes(local) & nonzero_bytes(o ^ t);
+        *changed |= local;
+    }
+    if detect && race != 0 {
+        return Err(find_race(twin, data, other, range.start));
+    }
+    Ok(())
+}
+
+/// The chunks of `n` words the merges work on.
+fn chunks(n: usize) -> impl Iterator<Item = core::ops::Range<usize>> {
+    (0..n).step_by(CHUNK).map(move |s| s..(s + CHUNK).min(n))
+}
+
 /// Write-merge: `data = twin = other ^ data ^ twin` (this process's changes
 /// applied on top of `other`, which becomes the new base).
 ///
@@ -83,20 +113,9 @@ pub fn write_merge(
     let n = data.len();
     assert!(twin.len() == n && other.len() == n);
     let mut changed = 0u64;
-    let mut start = 0;
-    while start < n {
-        let end = (start + CHUNK).min(n);
-        let mut race = 0u64;
-        for i in start..end {
-            let (d, t, o) = (data[i], twin[i], other[i]);
-            let local = d ^ t;
-            race |= nonzero_bytes(local) & nonzero_bytes(o ^ t);
-            changed |= local;
-        }
-        if detect && race != 0 {
-            return Err(find_race(twin, data, other, start));
-        }
-        for i in start..end {
+    for range in chunks(n) {
+        check_chunk(data, twin, other, range.clone(), detect, &mut changed)?;
+        for i in range {
             // Only words the other side changed are rewritten in `data`, so
             // a word this process is writing concurrently (a pinned call
             // stack's live frame) is never overwritten with an older value.
@@ -107,7 +126,6 @@ pub fn write_merge(
             }
             twin[i] = m;
         }
-        start = end;
     }
     Ok(Merged {
         local_changes: changed != 0,
@@ -126,20 +144,9 @@ pub fn read_merge(
     let n = data.len();
     assert!(twin.len() == n && other.len() == n);
     let mut changed = 0u64;
-    let mut start = 0;
-    while start < n {
-        let end = (start + CHUNK).min(n);
-        let mut race = 0u64;
-        for i in start..end {
-            let (d, t, o) = (data[i], twin[i], other[i]);
-            let local = d ^ t;
-            race |= nonzero_bytes(local) & nonzero_bytes(o ^ t);
-            changed |= local;
-        }
-        if detect && race != 0 {
-            return Err(find_race(twin, data, other, start));
-        }
-        for i in start..end {
+    for range in chunks(n) {
+        check_chunk(data, twin, other, range.clone(), detect, &mut changed)?;
+        for i in range {
             let o = other[i];
             let r = o ^ twin[i];
             if r != 0 {
@@ -147,51 +154,10 @@ pub fn read_merge(
             }
             twin[i] = o;
         }
-        start = end;
     }
     Ok(Merged {
         local_changes: changed != 0,
     })
-}
-
-/// Applies this process's changes (`data ^ twin`) onto `other` in place:
-/// `other ^= data ^ twin`; returns whether there were any. For the fixed
-/// home, where the merged version is written back to the home.
-pub fn apply_changes(
-    other: &mut [u64],
-    data: &[u64],
-    twin: &[u64],
-    detect: bool,
-) -> Result<Merged, Race> {
-    let n = data.len();
-    assert!(twin.len() == n && other.len() == n);
-    let mut changed = 0u64;
-    let mut start = 0;
-    while start < n {
-        let end = (start + CHUNK).min(n);
-        let mut race = 0u64;
-        for i in start..end {
-            let (d, t, o) = (data[i], twin[i], other[i]);
-            let local = d ^ t;
-            race |= nonzero_bytes(local) & nonzero_bytes(o ^ t);
-            changed |= local;
-        }
-        if detect && race != 0 {
-            return Err(find_race(twin, data, other, start));
-        }
-        for i in start..end {
-            other[i] ^= data[i] ^ twin[i];
-        }
-        start = end;
-    }
-    Ok(Merged {
-        local_changes: changed != 0,
-    })
-}
-
-/// Whether `a` and `b` differ.
-pub fn differs(a: &[u64], b: &[u64]) -> bool {
-    a != b
 }
 
 /// The maximal runs of bytes where `a` and `b` differ, as `(offset, len)`,
@@ -349,20 +315,6 @@ mod tests {
         // The pending diff is exactly the local change.
         let diff: Vec<usize> = (0..64).filter(|&i| data[i] != t[i]).collect();
         assert_eq!(diff, vec![3]);
-    }
-
-    #[test]
-    fn apply_changes_updates_other() {
-        let twin = vec![0u64; 32];
-        let mut data = twin.clone();
-        data[1] = 0xab;
-        let mut other = twin.clone();
-        other[2] = 0xcd;
-        let m = apply_changes(&mut other, &data, &twin, true).unwrap();
-        assert!(m.local_changes);
-        assert_eq!((other[1], other[2]), (0xab, 0xcd));
-        let m = apply_changes(&mut other.clone(), &twin, &twin, true).unwrap();
-        assert!(!m.local_changes);
     }
 
     #[test]

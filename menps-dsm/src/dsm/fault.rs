@@ -137,14 +137,7 @@ struct FaultCall {
     uc: *mut libc::ucontext_t,
 }
 
-/// Writes `v` as 16 hex digits into `out` (async-signal-safe).
-fn write_hex(out: &mut [u8], v: usize) {
-    for (i, b) in out.iter_mut().enumerate().take(16) {
-        let d = (v >> (60 - 4 * i)) & 0xf;
-        *b = b"0123456789abcdef"[d];
-    }
-}
-
+/// Writes `msg` to stderr (async-signal-safe).
 fn write_stderr(msg: &[u8]) {
     // SAFETY: write(2) on fd 2 with a valid buffer is async-signal-safe.
     unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
@@ -163,9 +156,12 @@ unsafe fn hook(_sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c
     let addr = unsafe { (*info).si_addr() } as usize;
     if !resolver.owns(addr) {
         if super::layout::in_dsm_range(addr) {
-            let mut buf = *b"menps-dsm: segmentation fault at 0x0000000000000000, inside the DSM range but in no segment\n";
-            write_hex(&mut buf[35..51], addr);
-            write_stderr(&buf);
+            let mut buf = [0u8; 128];
+            let mut w = ct_context::trap::BufWriter::new(&mut buf);
+            w.put(b"menps-dsm: segmentation fault at ");
+            w.hex(addr);
+            w.put(b", inside the DSM range but in no segment\n");
+            w.write_to_stderr();
         }
         return false;
     }

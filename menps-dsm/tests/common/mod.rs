@@ -16,6 +16,43 @@ use std::time::{Duration, Instant};
 use menps_dsm::com::{Communicator, Error, RemotePtr, RmaRequest, Source, WindowId};
 
 pub const SCENARIO: &str = "MENPS_TEST_SCENARIO";
+
+/// The DSM policy combinations every DSM suite runs its scenarios under:
+/// writer, invalidation, and fast release / fast read (both on or off).
+pub const DSM_POLICIES: [(&str, &str, &str); 7] = [
+    ("floating", "hybrid", "1"),
+    ("floating", "hybrid", "0"),
+    ("floating", "timestamp", "1"),
+    ("floating", "directory", "1"),
+    ("fixed", "hybrid", "1"),
+    ("fixed", "timestamp", "1"),
+    ("fixed", "directory", "1"),
+];
+
+/// The `MENPS_DSM_*` variables that select a policy of [`DSM_POLICIES`].
+pub fn dsm_policy_env(
+    (writer, invalidation, fast): (&'static str, &'static str, &'static str),
+) -> [(&'static str, &'static str); 4] {
+    [
+        ("MENPS_DSM_WRITER", writer),
+        ("MENPS_DSM_INVALIDATION", invalidation),
+        ("MENPS_DSM_FAST_RELEASE", fast),
+        ("MENPS_DSM_FAST_READ", fast),
+    ]
+}
+
+/// Asserts that a job succeeded and that every one of its `n` processes
+/// printed `rank R: ok`.
+pub fn assert_passed(run: &JobRun, what: &str, n: usize) {
+    assert!(run.status.success(), "{what}: {}", run.dump());
+    for r in 0..n {
+        assert!(
+            run.stdout.contains(&format!("rank {r}: ok")),
+            "{what}: rank {r} did not finish: {}",
+            run.dump()
+        );
+    }
+}
 pub const JOB_TAG: &str = "MENPS_TEST_JOB";
 /// Longest a job may take before the driver calls it a hang.
 pub const JOB_LIMIT: Duration = Duration::from_secs(60);

@@ -468,7 +468,7 @@ pub struct MpiCom<U: UltItf = Ult> {
     comms: Comms,
     windows: window::WindowTable,
     coll: ct_sync::Mutex<coll::CollState, U>,
-    inbox: Mutex<p2p::Inbox>,
+    inbox: Mutex<crate::com::inbox::Inbox>,
     offloader: Arc<Offloader<RmaDevice, U>>,
     /// Whether RMA goes through `offloader` (see [`MpiCom::set_offloaded`]).
     offload: AtomicBool,
@@ -576,7 +576,7 @@ impl<U: UltItf> MpiCom<U> {
             comms,
             windows: window::WindowTable::new(),
             coll: ct_sync::Mutex::new_in(coll::CollState::new()),
-            inbox: Mutex::new(p2p::Inbox::default()),
+            inbox: Mutex::new(crate::com::inbox::Inbox::default()),
             offloader: Offloader::new(RmaDevice::new(), 1024),
             offload: AtomicBool::new(offload),
             departures: Departures {

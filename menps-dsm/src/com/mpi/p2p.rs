@@ -11,7 +11,6 @@
 //! sends buffered in effect: two processes sending big messages to each
 //! other before receiving do not deadlock.
 
-use std::collections::{HashMap, VecDeque};
 use std::os::raw::{c_int, c_void};
 use std::sync::{Mutex, MutexGuard};
 
@@ -20,20 +19,13 @@ use ct_worker::UltItf;
 
 use super::raw;
 use super::{MpiCom, Watch};
+use crate::com::inbox::Inbox;
 use crate::com::{Error, MAX_MESSAGE_BYTES, P2p, Result, Source, Tag};
 
 /// The MPI tag of every message on the p2p communicator.
 const TAG_MSG: c_int = 0;
 /// Bytes of the tag trailer.
 const TRAILER: usize = 4;
-
-/// Messages taken out of MPI but not yet received.
-#[derive(Default)]
-pub(crate) struct Inbox {
-    queues: HashMap<(usize, Tag), VecDeque<Vec<u8>>>,
-    /// Where a receive from any source starts looking (round robin).
-    next_any: usize,
-}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -87,7 +79,7 @@ impl<U: UltItf> MpiCom<U> {
             v.truncate(len);
             let tag = Tag::from_le_bytes(v[len - TRAILER..].try_into().expect("4 bytes"));
             v.truncate(len - TRAILER);
-            inbox.queues.entry((sender, tag)).or_default().push_back(v);
+            inbox.push(sender, tag, v);
         }
     }
 
@@ -101,26 +93,7 @@ impl<U: UltItf> MpiCom<U> {
     ) -> Result<Option<(usize, Vec<u8>)>> {
         let mut inbox = lock(&self.inbox);
         self.drain(&mut inbox)?;
-        let sender = match from {
-            Source::Rank(s) => inbox.queues.contains_key(&(s, tag)).then_some(s),
-            Source::Any => {
-                let start = inbox.next_any;
-                (0..self.size)
-                    .map(|i| (start + i) % self.size)
-                    .find(|&s| inbox.queues.contains_key(&(s, tag)))
-            }
-        };
-        let Some(s) = sender else { return Ok(None) };
-        let q = inbox.queues.get_mut(&(s, tag)).expect("queue exists");
-        fits(q.front().expect("queues are never empty").len())?;
-        let msg = q.pop_front().expect("queues are never empty");
-        if q.is_empty() {
-            inbox.queues.remove(&(s, tag));
-        }
-        if matches!(from, Source::Any) {
-            inbox.next_any = (s + 1) % self.size;
-        }
-        Ok(Some((s, msg)))
+        inbox.take(from, tag, self.size, fits)
     }
 
     fn source_watch(&self, from: Source) -> Result<Watch> {

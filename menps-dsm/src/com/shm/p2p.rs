@@ -13,7 +13,6 @@
 //! messages of one (sender, tag) keep their order. No process-local lock is
 //! held while waiting, so waiting user-level threads never block others.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard};
 
@@ -22,6 +21,7 @@ use ct_worker::UltItf;
 
 use super::control::Ring;
 use super::{ShmCom, Watch};
+use crate::com::inbox::Inbox;
 use crate::com::{Error, MAX_MESSAGE_BYTES, P2p, Result, Source, Tag};
 
 const FRAME_HDR: usize = 8;
@@ -121,14 +121,6 @@ impl Ring<'_> {
     }
 }
 
-/// Messages taken out of the rings but not yet received.
-#[derive(Default)]
-struct Inbox {
-    queues: HashMap<(usize, Tag), VecDeque<Vec<u8>>>,
-    /// Where a receive from any source starts looking (round robin).
-    next_any: usize,
-}
-
 /// Process-local p2p state.
 pub(crate) struct P2pState {
     /// One lock per destination: serialises this process's producers.
@@ -161,7 +153,7 @@ impl<U: UltItf> ShmCom<U> {
             if ring.is_empty() {
                 return;
             }
-            let n = ring.drain(|tag, v| inbox.queues.entry((s, tag)).or_default().push_back(v));
+            let n = ring.drain(|tag, v| inbox.push(s, tag, v));
             if n > 0 {
                 // The sender may be waiting for room.
                 self.control.notify(s);
@@ -183,26 +175,7 @@ impl<U: UltItf> ShmCom<U> {
     ) -> Result<Option<(usize, Vec<u8>)>> {
         let mut inbox = lock(&self.p2p.inbox);
         self.collect(&mut inbox, from);
-        let sender = match from {
-            Source::Rank(s) => inbox.queues.contains_key(&(s, tag)).then_some(s),
-            Source::Any => {
-                let start = inbox.next_any;
-                (0..self.size)
-                    .map(|i| (start + i) % self.size)
-                    .find(|&s| inbox.queues.contains_key(&(s, tag)))
-            }
-        };
-        let Some(s) = sender else { return Ok(None) };
-        let q = inbox.queues.get_mut(&(s, tag)).expect("queue exists");
-        fits(q.front().expect("queues are never empty").len())?;
-        let msg = q.pop_front().expect("queues are never empty");
-        if q.is_empty() {
-            inbox.queues.remove(&(s, tag));
-        }
-        if matches!(from, Source::Any) {
-            inbox.next_any = (s + 1) % self.size;
-        }
-        Ok(Some((s, msg)))
+        inbox.take(from, tag, self.size, fits)
     }
 
     fn source_watch(&self, from: Source) -> Result<Watch> {

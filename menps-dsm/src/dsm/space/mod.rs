@@ -563,7 +563,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         Some(seg.entry(idx).lock().state)
     }
 
-    fn for_blocks(
+    pub(super) fn for_blocks(
         &self,
         addr: usize,
         len: usize,

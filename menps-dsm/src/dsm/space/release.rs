@@ -7,7 +7,7 @@ use ct_worker::{JoinHandleItf, UltItf};
 
 use crate::com::Communicator;
 
-use super::super::error::{DsmError, DsmResult};
+use super::super::error::DsmResult;
 use super::super::segment::Segment;
 use super::{PARALLEL_RELEASE_MIN, Space, TxKind};
 
@@ -114,18 +114,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// memory changes hands, e.g. by `free`).
     pub fn release_range(&self, addr: usize, len: usize) -> DsmResult<()> {
         self.check()?;
-        let mut a = addr;
-        let end = addr + len;
-        while a < end {
-            let Some((seg, idx)) = self.locate(a) else {
-                return Err(DsmError::InvalidArgument(format!(
-                    "{a:#x} is not in the DSM"
-                )));
-            };
-            self.release_block(seg, idx).map_err(|e| self.fail(e))?;
-            a = seg.app(idx) + seg.block_size;
-        }
-        Ok(())
+        self.for_blocks(addr, len, |seg, idx| self.release_block(seg, idx).map(drop))
     }
 
     /// Drops this process's copies of the blocks overlapping `[addr, addr +
@@ -133,26 +122,17 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// memory changes hands, e.g. by `malloc`).
     pub fn forget_range(&self, addr: usize, len: usize) -> DsmResult<()> {
         self.check()?;
-        let mut a = addr;
-        let end = addr + len;
-        while a < end {
-            let Some((seg, idx)) = self.locate(a) else {
-                return Err(DsmError::InvalidArgument(format!(
-                    "{a:#x} is not in the DSM"
-                )));
-            };
+        self.for_blocks(addr, len, |seg, idx| {
             if !self.is_fixed_home(seg, idx) {
                 let mut m = seg.entry(idx).lock();
-                self.invalidate(seg, idx, &mut m)
-                    .map_err(|e| self.fail(e))?;
+                self.invalidate(seg, idx, &mut m)?;
                 if !m.state.readable() {
                     // The next access takes the lock and finds the latest
                     // version.
                     m.force_tx = true;
                 }
             }
-            a = seg.app(idx) + seg.block_size;
-        }
-        Ok(())
+            Ok(())
+        })
     }
 }

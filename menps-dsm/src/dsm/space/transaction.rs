@@ -195,7 +195,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut taken: Option<Tmp<'_>> = None;
         if !remote {
             if dirty {
-                written = diff::differs(data, twin);
+                written = data != twin;
                 if written {
                     twin.copy_from_slice(data);
                 }
