@@ -2,7 +2,7 @@
 //!
 //! A waiter puts an entry (on its own stack) at the back of the condition
 //! variable's list, then releases the mutex and parks in the entry in one
-//! step ([`RawMutex::unlock_and_wait`](crate::RawMutex::unlock_and_wait)).
+//! step ([`RawLock::unlock_and_wait`](crate::RawLock::unlock_and_wait)).
 //! Notifiers take entries from the front. A notifier may find an entry whose
 //! thread has not parked yet (it is between enqueueing and parking, which
 //! involves no blocking); it then waits for it to park, briefly.
@@ -11,7 +11,7 @@ use core::ptr::{self, NonNull};
 
 use ct_worker::{SuspendedThreadItf, Ult, UltItf};
 
-use crate::mutex::MutexGuard;
+use crate::mutex::{MutexGuard, RawLock};
 use crate::spinlock::SpinLock;
 use crate::sync::Backoff;
 
@@ -140,7 +140,10 @@ impl<U: UltItf> Condvar<U> {
     /// Releases the guard's mutex, parks until notified, then re-locks the
     /// mutex and returns the new guard. Use one condition variable with one
     /// mutex at a time.
-    pub fn wait<'a, T: ?Sized>(&self, guard: MutexGuard<'a, T, U>) -> MutexGuard<'a, T, U> {
+    pub fn wait<'a, T: ?Sized, R: RawLock<U>>(
+        &self,
+        guard: MutexGuard<'a, T, U, R>,
+    ) -> MutexGuard<'a, T, U, R> {
         let entry = Entry::<U> {
             parked: U::SuspendedThread::default(),
             next: ptr::null_mut(),
@@ -155,11 +158,11 @@ impl<U: UltItf> Condvar<U> {
     }
 
     /// Waits while `condition` holds, re-checking it after every wake-up.
-    pub fn wait_while<'a, T: ?Sized>(
+    pub fn wait_while<'a, T: ?Sized, R: RawLock<U>>(
         &self,
-        mut guard: MutexGuard<'a, T, U>,
+        mut guard: MutexGuard<'a, T, U, R>,
         mut condition: impl FnMut(&mut T) -> bool,
-    ) -> MutexGuard<'a, T, U> {
+    ) -> MutexGuard<'a, T, U, R> {
         while condition(&mut guard) {
             guard = self.wait(guard);
         }

@@ -3,11 +3,17 @@
 //! The ComposableThreads synchronisation layer (Endo 2020, §5.2.4, §5.3.1),
 //! built on `ct-worker`'s suspended threads:
 //!
-//! - [`Mutex`] / [`RawMutex`]: an MCS queue lock with **direct hand-off** —
-//!   a waiter parks in its predecessor's queue node and links itself only
-//!   after it has parked; unlock hands the lock to the successor and makes it
-//!   runnable on the unlocking worker.
-//!   [`RawMutex::unlock_and_wait`] releases the lock and parks in one step.
+//! - [`Mutex`] on [`RawMutex`] (the default): one CAS to lock, a store and a
+//!   load to unlock (an asymmetric fence with `membarrier` keeps parked
+//!   waiters from being missed); waiters park in FIFO order, a running
+//!   thread may barge in ahead of a woken one, and a waiter that keeps losing
+//!   gets the lock handed to it.
+//! - [`FairMutex`] on [`RawFairMutex`]: the MCS queue lock with **direct
+//!   hand-off** — a waiter parks in its predecessor's queue node and links
+//!   itself only after it has parked; unlock hands the lock to the successor
+//!   and makes it runnable on the unlocking worker. Strict FIFO.
+//! - Both implement [`RawLock`], whose [`unlock_and_wait`](RawLock::unlock_and_wait)
+//!   releases the lock and parks in one step.
 //! - [`Condvar`]: FIFO wake-up order (the original woke LIFO).
 //! - [`Barrier`]: counter plus per-arrival slots with sense reversal; the last
 //!   arriver wakes everybody in one batch, so more workers do not make it
@@ -42,7 +48,7 @@ pub mod loom_itf;
 pub use barrier::{Barrier, BarrierWaitResult};
 pub use condvar::Condvar;
 pub use mcs_core::{McsCore, McsNode};
-pub use mutex::{Mutex, MutexGuard, RawMutex};
+pub use mutex::{FairMutex, Mutex, MutexGuard, RawFairMutex, RawLock, RawMutex};
 pub use spinlock::{McsSpinLock, SpinLock, SpinLockGuard};
 pub use sync::Backoff;
 

@@ -32,7 +32,10 @@ impl SuspendedThreadItf for LoomSlot {
     }
 
     fn notify(&self) -> bool {
-        match self.parked.lock().unwrap().take() {
+        // Release the slot's lock before waking: the woken thread may free
+        // the slot (e.g. a waiter node on its stack) as soon as it sees `f`.
+        let parked = self.parked.lock().unwrap().take();
+        match parked {
             Some((t, f)) => {
                 f.store(true, Ordering::Release);
                 t.unpark();
@@ -115,14 +118,13 @@ pub fn model(bound: usize, f: impl Fn() + Sync + Send + 'static) {
 mod tests {
     use super::*;
     use crate::sync::ProtocolCell;
-    use crate::{Barrier, RawMutex};
+    use crate::{Barrier, RawFairMutex, RawLock, RawMutex};
 
     /// Two threads take the mutex in turn: the protected counter is updated
     /// without a data race (loom checks causality) and the lock ends free.
-    #[test]
-    fn loom_mutex_handoff() {
+    fn mutex_two_threads<R: RawLock<LoomItf> + 'static>() {
         model(3, || {
-            let m = Arc::new(RawMutex::<LoomItf>::new());
+            let m = Arc::new(R::unlocked());
             let counter = Arc::new(ProtocolCell::new(0u32));
             let ths: Vec<_> = (0..2)
                 .map(|_| {
@@ -145,11 +147,17 @@ mod tests {
         });
     }
 
-    /// Three threads with a smaller preemption bound.
     #[test]
-    fn loom_mutex_three_threads() {
+    fn loom_mutex_handoff() {
+        mutex_two_threads::<RawMutex<LoomItf>>();
+        mutex_two_threads::<RawFairMutex<LoomItf>>();
+    }
+
+    /// Three threads with a smaller preemption bound (with the barging
+    /// protocol, a woken waiter that loses asks for and gets a hand-off).
+    fn mutex_three_threads<R: RawLock<LoomItf> + 'static>() {
         model(1, || {
-            let m = Arc::new(RawMutex::<LoomItf>::new());
+            let m = Arc::new(R::unlocked());
             let counter = Arc::new(ProtocolCell::new(0u32));
             let ths: Vec<_> = (0..3)
                 .map(|_| {
@@ -168,15 +176,21 @@ mod tests {
             }
             // SAFETY: all threads joined.
             assert_eq!(unsafe { counter.with_mut(|c| *c) }, 3);
+            assert!(!m.is_locked());
         });
+    }
+
+    #[test]
+    fn loom_mutex_three_threads() {
+        mutex_three_threads::<RawMutex<LoomItf>>();
+        mutex_three_threads::<RawFairMutex<LoomItf>>();
     }
 
     /// `unlock_and_wait` vs a waker that takes the lock: when the waker holds
     /// the lock after the waiter released it, the waiter is in its slot.
-    #[test]
-    fn loom_unlock_and_wait() {
+    fn unlock_and_wait<R: RawLock<LoomItf> + 'static>() {
         model(3, || {
-            let m = Arc::new(RawMutex::<LoomItf>::new());
+            let m = Arc::new(R::unlocked());
             let slot = Arc::new(LoomSlot::default());
             let released = Arc::new(AtomicBool::new(false));
             let waker = {
@@ -204,6 +218,12 @@ mod tests {
             waker.join().unwrap();
             assert!(!m.is_locked());
         });
+    }
+
+    #[test]
+    fn loom_unlock_and_wait() {
+        unlock_and_wait::<RawMutex<LoomItf>>();
+        unlock_and_wait::<RawFairMutex<LoomItf>>();
     }
 
     /// Two threads, two barrier episodes: writes before the barrier are seen

@@ -2,9 +2,39 @@
 //! `--cfg loom` so that the protocols are model-checked as written.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering, fence,
+};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering, fence};
+
+/// The cheap side of an asymmetric fence (see [`heavy_fence`]): only a
+/// compiler fence when the process can use `membarrier`, else a full fence.
+/// Under loom both sides are full fences (loom cannot model `membarrier`; the
+/// protocol is checked with the symmetric equivalent).
+#[inline]
+pub(crate) fn light_fence() {
+    #[cfg(not(loom))]
+    if ct_worker::membarrier::available() {
+        core::sync::atomic::compiler_fence(Ordering::SeqCst);
+        return;
+    }
+    fence(Ordering::SeqCst);
+}
+
+/// The expensive side of an asymmetric fence: a full fence here and, via
+/// `membarrier`, on every other running thread of the process. A store
+/// before a [`light_fence`] and a load after it, against a store before this
+/// fence and a load after it: at least one of the two loads sees the other
+/// side's store (the Dekker guarantee of two full fences).
+#[cold]
+pub(crate) fn heavy_fence() {
+    fence(Ordering::SeqCst);
+    #[cfg(not(loom))]
+    if ct_worker::membarrier::available() {
+        ct_worker::membarrier::barrier();
+    }
+}
 
 /// A cell whose accesses are made exclusive by a lock protocol (e.g. the MCS
 /// queue's `head`, only touched by the lock holder). Under loom, accesses

@@ -1,13 +1,14 @@
 //! Mutex, condition variable and barrier on user-level threads (1, 2 and 4
 //! workers) and on OS threads. Every test body is written once against
-//! `UltItf`.
+//! `UltItf`, and the mutex tests run on both lock protocols (`RawMutex`,
+//! barging, and `RawFairMutex`, MCS hand-off).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ct_sync::{Barrier, Condvar, McsSpinLock, Mutex, RawMutex, SpinLock};
+use ct_sync::{Barrier, Condvar, McsSpinLock, Mutex, RawFairMutex, RawLock, RawMutex, SpinLock};
 use ct_worker::{JoinHandleItf, OsThreads, Runtime, SuspendedThreadItf, Ult, UltItf};
 
 /// Fails the test if `f` does not finish within `secs` seconds.
@@ -40,8 +41,8 @@ where
     });
 }
 
-fn counter<U: UltItf>(threads: usize, per_thread: usize) -> u64 {
-    let m = Arc::new(Mutex::<u64, U>::new_in(0));
+fn counter<U: UltItf, R: RawLock<U> + 'static>(threads: usize, per_thread: usize) -> u64 {
+    let m = Arc::new(Mutex::<u64, U, R>::new_in(0));
     let hs: Vec<_> = (0..threads)
         .map(|_| {
             let m = m.clone();
@@ -70,19 +71,33 @@ fn mutex_50_threads_10k_increments() {
         for w in [1, 2, 4] {
             let rt = Runtime::builder().workers(w).build().unwrap();
             assert_eq!(
-                rt.block_on(|| counter::<Ult>(50, 10_000)),
+                rt.block_on(|| counter::<Ult, RawMutex>(50, 10_000)),
                 500_000,
                 "{w} workers"
+            );
+            assert_eq!(
+                rt.block_on(|| counter::<Ult, RawFairMutex>(50, 10_000)),
+                500_000,
+                "fair, {w} workers"
             );
         }
     });
     with_timeout(120, || {
-        assert_eq!(counter::<OsThreads>(50, 2_000), 100_000, "OS threads")
+        assert_eq!(
+            counter::<OsThreads, RawMutex<OsThreads>>(50, 2_000),
+            100_000,
+            "OS threads"
+        );
+        assert_eq!(
+            counter::<OsThreads, RawFairMutex<OsThreads>>(50, 2_000),
+            100_000,
+            "fair, OS threads"
+        );
     });
 }
 
-fn try_lock_semantics<U: UltItf>() {
-    let m = Mutex::<i32, U>::new_in(1);
+fn try_lock_semantics<U: UltItf, R: RawLock<U>>() {
+    let m = Mutex::<i32, U, R>::new_in(1);
     let g = m.try_lock().expect("free");
     assert!(m.try_lock().is_none(), "held");
     assert!(m.raw().is_locked());
@@ -94,20 +109,26 @@ fn try_lock_semantics<U: UltItf>() {
 
 #[test]
 fn mutex_try_lock() {
-    on_ult(30, try_lock_semantics::<Ult>);
-    try_lock_semantics::<OsThreads>();
+    on_ult(30, try_lock_semantics::<Ult, RawMutex>);
+    on_ult(30, try_lock_semantics::<Ult, RawFairMutex>);
+    try_lock_semantics::<OsThreads, RawMutex<OsThreads>>();
+    try_lock_semantics::<OsThreads, RawFairMutex<OsThreads>>();
 }
 
 /// Producers and consumers through a bounded queue with two condition
 /// variables: every item arrives exactly once, nobody sleeps through a
 /// notification.
-fn producer_consumer<U: UltItf>(producers: usize, consumers: usize, items: usize) {
+fn producer_consumer<U: UltItf, R: RawLock<U> + 'static>(
+    producers: usize,
+    consumers: usize,
+    items: usize,
+) {
     struct Q {
         buf: std::collections::VecDeque<usize>,
         done: usize,
     }
     let shared = Arc::new((
-        Mutex::<Q, U>::new_in(Q {
+        Mutex::<Q, U, R>::new_in(Q {
             buf: Default::default(),
             done: 0,
         }),
@@ -158,8 +179,12 @@ fn producer_consumer<U: UltItf>(producers: usize, consumers: usize, items: usize
 
 #[test]
 fn condvar_producer_consumer_no_lost_wakeup() {
-    on_ult(120, || producer_consumer::<Ult>(4, 4, 2_000));
-    with_timeout(120, || producer_consumer::<OsThreads>(3, 3, 2_000));
+    on_ult(120, || producer_consumer::<Ult, RawMutex>(4, 4, 2_000));
+    on_ult(120, || producer_consumer::<Ult, RawFairMutex>(4, 4, 2_000));
+    with_timeout(120, || {
+        producer_consumer::<OsThreads, RawMutex<OsThreads>>(3, 3, 2_000);
+        producer_consumer::<OsThreads, RawFairMutex<OsThreads>>(3, 3, 2_000);
+    });
 }
 
 /// Waiters are woken in the order they started waiting.
@@ -263,8 +288,8 @@ fn barrier_of_zero_is_refused() {
 /// `unlock_and_wait`: the waiter is in its slot before anyone can take the
 /// lock, so a waker that takes the lock after the waiter released it always
 /// finds it parked.
-fn unlock_and_wait_handshake<U: UltItf>(rounds: usize) {
-    let m = Arc::new(RawMutex::<U>::new());
+fn unlock_and_wait_handshake<U: UltItf, R: RawLock<U> + 'static>(rounds: usize) {
+    let m = Arc::new(R::unlocked());
     let slot = Arc::new(U::SuspendedThread::default());
     // Set by the waiter, under the lock, just before `unlock_and_wait`.
     let released = Arc::new(AtomicUsize::new(0));
@@ -298,8 +323,12 @@ fn unlock_and_wait_handshake<U: UltItf>(rounds: usize) {
 
 #[test]
 fn unlock_and_wait_never_misses_a_wakeup() {
-    on_ult(60, || unlock_and_wait_handshake::<Ult>(4_000));
-    with_timeout(60, || unlock_and_wait_handshake::<OsThreads>(2_000));
+    on_ult(60, || unlock_and_wait_handshake::<Ult, RawMutex>(4_000));
+    on_ult(60, || unlock_and_wait_handshake::<Ult, RawFairMutex>(4_000));
+    with_timeout(60, || {
+        unlock_and_wait_handshake::<OsThreads, RawMutex<OsThreads>>(2_000);
+        unlock_and_wait_handshake::<OsThreads, RawFairMutex<OsThreads>>(2_000);
+    });
 }
 
 #[test]

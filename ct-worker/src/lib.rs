@@ -74,7 +74,7 @@ mod handle;
 mod itf;
 mod join_state;
 mod local;
-mod membarrier;
+pub mod membarrier;
 mod os;
 mod os_waiter;
 mod parallel;

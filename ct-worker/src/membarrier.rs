@@ -26,7 +26,7 @@ fn membarrier(cmd: libc::c_int) -> libc::c_long {
 
 /// Whether expedited private barriers can be used (registering the process
 /// on first call). `CT_NO_MEMBARRIER=1` forces the symmetric fallback.
-pub(crate) fn available() -> bool {
+pub fn available() -> bool {
     static AVAILABLE: OnceLock<bool> = OnceLock::new();
     *AVAILABLE.get_or_init(|| {
         if std::env::var_os("CT_NO_MEMBARRIER").is_some_and(|v| v != "0") {
@@ -43,7 +43,7 @@ pub(crate) fn available() -> bool {
 ///
 /// Only valid after [`available`] returned `true`.
 #[cold]
-pub(crate) fn barrier() {
+pub fn barrier() {
     if membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 {
         // Registration happened, so this cannot fail short of a kernel bug;
         // a plain fence would not give the guarantee, so stop loudly.

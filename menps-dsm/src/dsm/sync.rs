@@ -17,7 +17,7 @@
 //!   extra mutexes chosen by the block, whose signature gives them release
 //!   and acquire semantics.
 
-use ct_sync::{Mutex, RawMutex};
+use ct_sync::{Mutex, RawLock, RawMutex};
 use ct_worker::UltItf;
 
 use crate::com::{Communicator, Tag, WindowId};

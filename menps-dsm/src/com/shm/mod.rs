@@ -153,7 +153,7 @@ impl<U: UltItf> ShmCom<U> {
             return Some(Error::PeerDied { rank });
         }
         let left = |r: usize| self.control.slot(r).state.load(Ordering::Acquire) != state::RUNNING;
-        match watch {
+        let exited = match watch {
             Watch::Rank(r) => left(r).then_some(Error::PeerExited { rank: r }),
             // Name the process that left first (the others may have left
             // because of it).
@@ -171,6 +171,29 @@ impl<U: UltItf> ShmCom<U> {
                     None
                 }
             }
+        };
+        // The launcher records a death (the `failed` word) before the
+        // process's state: having seen the state, re-read the word, which
+        // the first read above may have missed.
+        exited.map(|e| match self.control.failed_rank() {
+            Some(rank) => Error::PeerDied { rank },
+            None => e,
+        })
+    }
+
+    /// The error for a peer whose socket closed: the process has ended, and
+    /// the launcher records how (death or exit) moments later; wait up to a
+    /// second for that verdict.
+    pub(crate) fn departure_of(&self, rank: usize) -> Error {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            if let Some(e) = self.failure(Watch::Rank(rank)) {
+                return e;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Error::PeerExited { rank };
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
 

@@ -151,9 +151,7 @@ impl<U: UltItf> ShmCom<U> {
             match sys::try_recv_with_fd(sock.as_fd(), &mut buf) {
                 Ok(Received::Nothing) => Ok(None),
                 Ok(Received::Packet { len, fd }) => Ok(Some((len, fd))),
-                Ok(Received::Closed) => Err(self
-                    .failure(Watch::Rank(0))
-                    .unwrap_or(Error::PeerExited { rank: 0 })),
+                Ok(Received::Closed) => Err(self.departure_of(0)),
                 Err(e) => Err(sys::io_error("recvmsg(window descriptor)", &e)),
             }
         })?;

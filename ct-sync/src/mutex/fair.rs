@@ -1,4 +1,4 @@
-//! The MCS mutex with direct hand-off, which parks waiting threads.
+//! The fair mutex: an MCS queue lock with direct hand-off, which parks waiting threads.
 //!
 //! Lock: enqueue a node with one atomic swap. If there was a predecessor,
 //! park *in the predecessor's node* and only then — once the waiter's context
@@ -13,19 +13,18 @@
 //! then migrates a thread between cores. With 50 threads on one lock and two
 //! workers that was 2–10× slower here than keeping the hand-off local.)
 //!
-//! [`RawMutex::unlock_and_wait`] releases the lock and parks the caller in a
+//! [`RawFairMutex::unlock_and_wait`] releases the lock and parks the caller in a
 //! given slot as one step, so that a condition-variable notifier can never
 //! miss it.
 //!
 //! [`enter`]: ct_worker::SuspendedThreadItf::enter
 //! [`notify`]: ct_worker::SuspendedThreadItf::notify
 
-use core::cell::UnsafeCell;
-use core::ops::{Deref, DerefMut};
 use core::ptr::{self, NonNull};
 
 use ct_worker::{SuspendedThreadItf, Ult, UltItf};
 
+use super::RawLock;
 use crate::mcs_core::{McsCore, McsNode};
 use crate::sync::{AtomicPtr, Backoff};
 
@@ -97,34 +96,35 @@ unsafe fn wait_for_successor<U: UltItf>(head: NonNull<Node<U>>) -> NonNull<Node<
     }
 }
 
-/// An MCS mutex without data; see the [module docs](self). Use [`Mutex`]
-/// unless you need `lock`/`unlock` as separate calls.
+/// The fair lock protocol: an MCS queue with direct hand-off, see the
+/// [module docs](self). Waiters get the lock in arrival order. Use
+/// [`FairMutex`](super::FairMutex) unless you need `lock`/`unlock` as separate calls.
 ///
 /// `U` is the threading library the waiting threads belong to: user-level
 /// threads by default, or [`ct_worker::OsThreads`].
-pub struct RawMutex<U: UltItf = Ult> {
+pub struct RawFairMutex<U: UltItf = Ult> {
     core: McsCore<Node<U>>,
 }
 
-impl<U: UltItf> core::fmt::Debug for RawMutex<U> {
+impl<U: UltItf> core::fmt::Debug for RawFairMutex<U> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("RawMutex")
+        f.debug_struct("RawFairMutex")
             .field("locked", &self.is_locked())
             .finish()
     }
 }
 
-impl<U: UltItf> Default for RawMutex<U> {
+impl<U: UltItf> Default for RawFairMutex<U> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<U: UltItf> RawMutex<U> {
+impl<U: UltItf> RawFairMutex<U> {
     /// An unlocked mutex.
     #[cfg(not(loom))]
     pub const fn new() -> Self {
-        RawMutex {
+        RawFairMutex {
             core: McsCore::new(),
         }
     }
@@ -132,13 +132,24 @@ impl<U: UltItf> RawMutex<U> {
     /// An unlocked mutex.
     #[cfg(loom)]
     pub fn new() -> Self {
-        RawMutex {
+        RawFairMutex {
             core: McsCore::new(),
         }
     }
+}
+
+// SAFETY: the MCS queue admits one holder at a time: the holder is the
+// thread whose node is `head`, set on acquisition or by the hand-off.
+unsafe impl<U: UltItf> RawLock<U> for RawFairMutex<U> {
+    #[cfg(not(loom))]
+    const INIT: Self = Self::new();
+
+    fn unlocked() -> Self {
+        Self::new()
+    }
 
     /// Acquires the lock, parking the calling thread while it is held.
-    pub fn lock(&self) {
+    fn lock(&self) {
         let node = alloc_node::<U>();
         // SAFETY: the node stays allocated until it leaves the queue (freed by
         // the unlock that ends our tenure).
@@ -156,7 +167,7 @@ impl<U: UltItf> RawMutex<U> {
     }
 
     /// Acquires the lock if it is free.
-    pub fn try_lock(&self) -> bool {
+    fn try_lock(&self) -> bool {
         let node = alloc_node::<U>();
         // SAFETY: as in `lock`.
         let ok = unsafe { self.core.try_lock(node) };
@@ -168,7 +179,7 @@ impl<U: UltItf> RawMutex<U> {
     }
 
     /// Whether the lock is held (a hint).
-    pub fn is_locked(&self) -> bool {
+    fn is_locked(&self) -> bool {
         self.core.is_locked()
     }
 
@@ -179,7 +190,7 @@ impl<U: UltItf> RawMutex<U> {
     ///
     /// The caller must hold the lock (acquired by any thread: the lock is not
     /// tied to an OS or user-level thread).
-    pub unsafe fn unlock(&self) {
+    unsafe fn unlock(&self) {
         // SAFETY: we hold the lock.
         unsafe {
             let head = self.core.head();
@@ -208,7 +219,7 @@ impl<U: UltItf> RawMutex<U> {
     /// # Safety
     ///
     /// The caller must hold the lock.
-    pub unsafe fn unlock_and_wait(&self, slot: &U::SuspendedThread) {
+    unsafe fn unlock_and_wait(&self, slot: &U::SuspendedThread) {
         // SAFETY: we hold the lock.
         unsafe {
             let head = self.core.head();
@@ -232,156 +243,5 @@ impl<U: UltItf> RawMutex<U> {
                 true
             });
         }
-    }
-}
-
-/// A mutual-exclusion lock owning its data, like [`std::sync::Mutex`], whose
-/// waiters park (user-level threads switch away instead of blocking their
-/// worker). Unlocking hands the lock directly to the next waiter, in FIFO
-/// order. There is no poisoning: a panic while holding the guard unlocks.
-///
-/// ```
-/// use ct_sync::Mutex;
-/// let rt = ct_worker::Runtime::builder().workers(2).build().unwrap();
-/// let counter = Mutex::new(0u64);
-/// rt.block_on(|| {
-///     ct_worker::scope(|s| {
-///         for _ in 0..8 {
-///             s.spawn(|| {
-///                 for _ in 0..1000 {
-///                     *counter.lock() += 1;
-///                 }
-///             });
-///         }
-///     })
-/// });
-/// assert_eq!(counter.into_inner(), 8000);
-/// ```
-pub struct Mutex<T: ?Sized, U: UltItf = Ult> {
-    raw: RawMutex<U>,
-    data: UnsafeCell<T>,
-}
-
-// SAFETY: the mutex hands `&mut T` to one holder at a time.
-unsafe impl<T: ?Sized + Send, U: UltItf> Send for Mutex<T, U> {}
-// SAFETY: as above.
-unsafe impl<T: ?Sized + Send, U: UltItf> Sync for Mutex<T, U> {}
-
-impl<T> Mutex<T> {
-    /// A mutex for user-level threads of a default-configuration runtime.
-    /// For other threading libraries use [`Mutex::new_in`].
-    #[cfg(not(loom))]
-    pub const fn new(value: T) -> Self {
-        Self::new_in(value)
-    }
-}
-
-impl<T, U: UltItf> Mutex<T, U> {
-    /// A mutex for threads of `U` (e.g. `Mutex::<_, OsThreads>::new_in(0)`).
-    #[cfg(not(loom))]
-    pub const fn new_in(value: T) -> Self {
-        Mutex {
-            raw: RawMutex::new(),
-            data: UnsafeCell::new(value),
-        }
-    }
-
-    /// A mutex for threads of `U`.
-    #[cfg(loom)]
-    pub fn new_in(value: T) -> Self {
-        Mutex {
-            raw: RawMutex::new(),
-            data: UnsafeCell::new(value),
-        }
-    }
-
-    /// Consumes the mutex, returning the data.
-    pub fn into_inner(self) -> T {
-        self.data.into_inner()
-    }
-}
-
-impl<T: ?Sized, U: UltItf> Mutex<T, U> {
-    /// Acquires the lock, parking while it is held.
-    pub fn lock(&self) -> MutexGuard<'_, T, U> {
-        self.raw.lock();
-        MutexGuard { mutex: self }
-    }
-
-    /// Acquires the lock if it is free.
-    pub fn try_lock(&self) -> Option<MutexGuard<'_, T, U>> {
-        self.raw.try_lock().then(|| MutexGuard { mutex: self })
-    }
-
-    /// Mutable access without locking (the borrow proves exclusivity).
-    pub fn get_mut(&mut self) -> &mut T {
-        self.data.get_mut()
-    }
-
-    /// The underlying raw mutex.
-    pub fn raw(&self) -> &RawMutex<U> {
-        &self.raw
-    }
-}
-
-impl<T: Default, U: UltItf> Default for Mutex<T, U> {
-    fn default() -> Self {
-        Mutex {
-            raw: RawMutex::new(),
-            data: UnsafeCell::new(T::default()),
-        }
-    }
-}
-
-impl<T: ?Sized + core::fmt::Debug, U: UltItf> core::fmt::Debug for Mutex<T, U> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self.try_lock() {
-            Some(g) => f.debug_struct("Mutex").field("data", &&*g).finish(),
-            None => f.debug_struct("Mutex").field("data", &"<locked>").finish(),
-        }
-    }
-}
-
-/// Access to a [`Mutex`]'s data; unlocks when dropped.
-#[must_use = "the mutex unlocks as soon as the guard is dropped"]
-pub struct MutexGuard<'a, T: ?Sized, U: UltItf = Ult> {
-    mutex: &'a Mutex<T, U>,
-}
-
-// SAFETY: sharing a guard only shares `&T`.
-unsafe impl<T: ?Sized + Sync, U: UltItf> Sync for MutexGuard<'_, T, U> {}
-
-impl<'a, T: ?Sized, U: UltItf> MutexGuard<'a, T, U> {
-    /// The mutex this guard locks (used by [`Condvar`](crate::Condvar)).
-    pub(crate) fn mutex(&self) -> &'a Mutex<T, U> {
-        self.mutex
-    }
-}
-
-impl<T: ?Sized, U: UltItf> Deref for MutexGuard<'_, T, U> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        // SAFETY: the guard proves we hold the lock.
-        unsafe { &*self.mutex.data.get() }
-    }
-}
-
-impl<T: ?Sized, U: UltItf> DerefMut for MutexGuard<'_, T, U> {
-    fn deref_mut(&mut self) -> &mut T {
-        // SAFETY: the guard proves we hold the lock.
-        unsafe { &mut *self.mutex.data.get() }
-    }
-}
-
-impl<T: ?Sized, U: UltItf> Drop for MutexGuard<'_, T, U> {
-    fn drop(&mut self) {
-        // SAFETY: the guard proves we hold the lock.
-        unsafe { self.mutex.raw.unlock() };
-    }
-}
-
-impl<T: ?Sized + core::fmt::Debug, U: UltItf> core::fmt::Debug for MutexGuard<'_, T, U> {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        (**self).fmt(f)
     }
 }

@@ -1,0 +1,493 @@
+//! The default mutex protocol: a one-byte lock with barging, parked waiters
+//! in a FIFO queue, and eventual hand-off.
+//!
+//! **Fast path.** Lock is one CAS of the `locked` byte from 0 to 1. Unlock
+//! stores 0, then loads the `flags` byte to see whether anybody is parked —
+//! with only a *compiler* fence between the two. The store→load order that a
+//! parking waiter relies on is supplied by the waiter: after publishing
+//! itself it executes an asymmetric heavy fence (Linux `membarrier`, which
+//! makes every running thread of the process execute a full barrier) and then
+//! re-reads `locked`. Either the unlocker's load sees the waiter, or the
+//! waiter's re-read sees the lock free (and the waiter does not park). An
+//! uncontended lock/unlock therefore costs one atomic read-modify-write,
+//! where a queue lock costs two. Without `membarrier` both sides use full
+//! fences.
+//!
+//! **Waiting.** A waiter that finds the lock held (after a short spin when
+//! there is more than one worker) parks in a node on its own stack, queued
+//! FIFO under a small spinlock, and sets `PARKED` in `flags`. It publishes
+//! itself from inside [`wait_with`]'s decision function, i.e. after its
+//! context is saved, and the very last thing it does there is to mark its
+//! node parked; a waker that dequeues a node not yet marked flips its state
+//! instead of notifying it, and the waiter then does not park.
+//!
+//! **Waking.** An unlock that sees `PARKED` wakes the first waiter, unless a
+//! woken waiter is already on its way (`WAKING`): only one woken thread
+//! competes for the lock at a time, so a contended lock does not wake a herd.
+//! A running thread may take a free lock before the woken one does
+//! (*barging*: a thread that re-locks at once keeps the lock on its core,
+//! which is what makes a contended lock fast). The woken thread keeps
+//! `WAKING` and spins for a while (tens of microseconds, yielding now and
+//! then) trying the lock; newcomers, by contrast, spin only briefly and only
+//! while nobody is parked, so that a contended lock settles on one core
+//! instead of bouncing between two.
+//!
+//! **No starvation.** A woken waiter that still loses parks again at the
+//! *front* of the queue with `FAIR` set; the next unlock then does not
+//! release the lock but hands it directly to the first waiter.
+//!
+//! **Lifetime.** After its store of 0 an unlock still reads `flags` (and may
+//! wake someone), so the mutex must outlive the `unlock` call, as a borrow
+//! guarantees. [`RawLock::unlock_and_wait`] releases from inside the parking
+//! decision, so it waits for that release to finish before it returns.
+//!
+//! [`wait_with`]: ct_worker::SuspendedThreadItf::wait_with
+
+use core::ptr::{self, NonNull};
+
+use ct_worker::{SuspendedThreadItf, Ult, UltItf};
+
+use super::RawLock;
+use crate::spinlock::SpinLock;
+use crate::sync::{
+    AtomicBool, AtomicU8, Backoff, Ordering, ProtocolCell, heavy_fence, light_fence,
+};
+
+/// Spin rounds before a newcomer parks (1 + 2 + 4 + 8 pause instructions),
+/// with more than one worker and while nobody is parked.
+const NEWCOMER_SPIN_ROUNDS: u32 = 4;
+
+/// Spin rounds of a woken waiter before it gives up and asks for a hand-off
+/// (about 3,800 pause instructions, tens of microseconds, yielding every 8
+/// rounds).
+const WOKEN_SPIN_ROUNDS: u32 = 64;
+
+// `flags` bits.
+/// The wait queue is not empty.
+const PARKED: u8 = 1;
+/// A woken waiter is on its way to try the lock.
+const WAKING: u8 = 2;
+/// A waiter asked for a direct hand-off.
+const FAIR: u8 = 4;
+
+// `Waiter::state` values.
+/// Queued, still inside its decision function (not yet parked).
+const ARRIVING: u8 = 0;
+/// Parked in its slot: a waker must notify it.
+const ASLEEP: u8 = 1;
+/// Dequeued by an unlock: try the lock again.
+const WOKEN: u8 = 2;
+/// Dequeued by an unlock that handed it the lock.
+const HANDED_OFF: u8 = 3;
+
+/// A queued waiter, on the waiting thread's stack.
+struct Waiter<U: UltItf> {
+    slot: U::SuspendedThread,
+    state: AtomicU8,
+    /// The next waiter; only accessed under the queue lock.
+    next: ProtocolCell<*const Waiter<U>>,
+}
+
+/// FIFO of waiters (intrusive, singly linked); lives under the spinlock.
+struct WaitQueue<U: UltItf> {
+    head: *const Waiter<U>,
+    tail: *const Waiter<U>,
+}
+
+// SAFETY: the queue only holds pointers to waiters, which are parked (or
+// about to park) and unlinked only under the queue's spinlock.
+unsafe impl<U: UltItf> Send for WaitQueue<U> {}
+
+impl<U: UltItf> WaitQueue<U> {
+    #[cfg(not(loom))]
+    const fn new() -> Self {
+        WaitQueue {
+            head: ptr::null(),
+            tail: ptr::null(),
+        }
+    }
+
+    #[cfg(loom)]
+    fn new() -> Self {
+        WaitQueue {
+            head: ptr::null(),
+            tail: ptr::null(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.head.is_null()
+    }
+
+    /// # Safety (for all the link operations)
+    ///
+    /// Queued waiters stay alive while queued, and `w` is not queued.
+    unsafe fn push_back(&mut self, w: &Waiter<U>) {
+        // SAFETY: under the queue lock; `w` and the tail are alive.
+        unsafe {
+            w.next.with_mut(|n| *n = ptr::null());
+            match self.tail.as_ref() {
+                None => self.head = w,
+                Some(t) => t.next.with_mut(|n| *n = w),
+            }
+        }
+        self.tail = w;
+    }
+
+    unsafe fn push_front(&mut self, w: &Waiter<U>) {
+        // SAFETY: under the queue lock; `w` is alive.
+        unsafe { w.next.with_mut(|n| *n = self.head) };
+        if self.head.is_null() {
+            self.tail = w;
+        }
+        self.head = w;
+    }
+
+    unsafe fn pop_front(&mut self) -> Option<NonNull<Waiter<U>>> {
+        let w = NonNull::new(self.head.cast_mut())?;
+        // SAFETY: queued waiters are alive until woken, which the caller
+        // does after this returns; links change under the queue lock.
+        self.head = unsafe { w.as_ref().next.with_mut(|n| *n) };
+        if self.head.is_null() {
+            self.tail = ptr::null();
+        }
+        Some(w)
+    }
+
+    /// Unlinks `w` if it is queued; `false` if a waker already took it.
+    unsafe fn remove(&mut self, w: &Waiter<U>) -> bool {
+        let target: *const Waiter<U> = w;
+        let mut prev: *const Waiter<U> = ptr::null();
+        let mut cur = self.head;
+        while !cur.is_null() {
+            // SAFETY: queued waiters are alive; links change under the lock.
+            let next = unsafe { (*cur).next.with_mut(|n| *n) };
+            if cur == target {
+                // SAFETY: `prev` is null or a queued (alive) waiter.
+                match unsafe { prev.as_ref() } {
+                    None => self.head = next,
+                    // SAFETY: as above.
+                    Some(p) => unsafe { p.next.with_mut(|n| *n = next) },
+                }
+                if self.tail == target {
+                    self.tail = prev;
+                }
+                return true;
+            }
+            prev = cur;
+            cur = next;
+        }
+        false
+    }
+}
+
+/// How a parking attempt ended.
+enum Woke {
+    /// The lock looked free before we parked: we did not park.
+    Cancelled,
+    /// An unlock woke us to try again.
+    Woken,
+    /// An unlock handed us the lock: we hold it.
+    HandedOff,
+}
+
+/// Ends a dequeued waiter's wait with `how` (`WOKEN` or `HANDED_OFF`).
+///
+/// # Safety
+///
+/// `w` must have been taken off the queue by the caller, and is not touched
+/// afterwards: once it sees `how` its thread may return and free it.
+unsafe fn wake<U: UltItf>(w: NonNull<Waiter<U>>, how: u8) {
+    // SAFETY: the waiter is alive until it sees `how` (the contract).
+    let w = unsafe { w.as_ref() };
+    // The waiter marks itself ASLEEP as the last step before parking; if it
+    // has not yet, it sees `how` there and does not park.
+    if w.state.swap(how, Ordering::AcqRel) == ASLEEP {
+        // Parked: the slot holds it, and it stays parked (with `w` alive)
+        // until this notify.
+        w.slot.notify();
+    }
+}
+
+/// The default lock protocol under [`Mutex`](super::Mutex): one CAS to
+/// lock, a store and a load to unlock, parked waiters in FIFO order with
+/// barging and eventual hand-off. See the [module docs](self).
+pub struct RawMutex<U: UltItf = Ult> {
+    locked: AtomicU8,
+    flags: AtomicU8,
+    queue: SpinLock<WaitQueue<U>>,
+}
+
+impl<U: UltItf> core::fmt::Debug for RawMutex<U> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("RawMutex")
+            .field("locked", &self.is_locked())
+            .finish()
+    }
+}
+
+impl<U: UltItf> Default for RawMutex<U> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<U: UltItf> RawMutex<U> {
+    /// An unlocked mutex.
+    #[cfg(not(loom))]
+    pub const fn new() -> Self {
+        RawMutex {
+            locked: AtomicU8::new(0),
+            flags: AtomicU8::new(0),
+            queue: SpinLock::new(WaitQueue::new()),
+        }
+    }
+
+    /// An unlocked mutex.
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        RawMutex {
+            locked: AtomicU8::new(0),
+            flags: AtomicU8::new(0),
+            queue: SpinLock::new(WaitQueue::new()),
+        }
+    }
+
+    #[inline]
+    fn try_acquire(&self) -> bool {
+        self.locked.load(Ordering::Relaxed) == 0
+            && self
+                .locked
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Spins up to `rounds` rounds (1, 2, 4, … 64 pause instructions each,
+    /// yielding the thread every 8 rounds) trying to take the lock. With
+    /// `newcomer`, stops as soon as threads are parked: once waiters queue
+    /// up, a newcomer that spun and won would keep the lock bouncing between
+    /// cores, so it parks instead and the holder runs on undisturbed.
+    fn spin_acquire(&self, rounds: u32, newcomer: bool) -> bool {
+        for round in 0..rounds {
+            if newcomer && self.flags.load(Ordering::Relaxed) & PARKED != 0 {
+                return false;
+            }
+            for _ in 0..1u32 << round.min(6) {
+                core::hint::spin_loop();
+            }
+            if self.try_acquire() {
+                return true;
+            }
+            if round % 8 == 7 {
+                U::yield_now();
+            }
+        }
+        false
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lock_contended(&self) {
+        let waiter = Waiter::<U> {
+            slot: U::SuspendedThread::default(),
+            state: AtomicU8::new(ARRIVING),
+            next: ProtocolCell::new(ptr::null()),
+        };
+        // With one worker the holder cannot run while we spin.
+        let multi = U::num_workers() > 1;
+        let mut woken = false;
+        loop {
+            if (multi && self.spin_acquire(NEWCOMER_SPIN_ROUNDS, true)) || self.try_acquire() {
+                return;
+            }
+            match self.park(&waiter, woken) {
+                Woke::HandedOff => return,
+                Woke::Woken => {
+                    // We were woken to take the lock: keep WAKING (no other
+                    // waiter is woken meanwhile) and try for a while.
+                    let won = multi && self.spin_acquire(WOKEN_SPIN_ROUNDS, false);
+                    self.flags.fetch_and(!WAKING, Ordering::Relaxed);
+                    if won {
+                        return;
+                    }
+                    woken = true;
+                }
+                Woke::Cancelled => {}
+            }
+        }
+    }
+
+    /// Queues `w` and parks in it, unless the lock turns out to be free.
+    /// A waiter that was woken before and lost (`lost`) goes to the front
+    /// and asks for a hand-off.
+    fn park(&self, w: &Waiter<U>, lost: bool) -> Woke {
+        w.state.store(ARRIVING, Ordering::Relaxed);
+        let parked_flags = if lost { PARKED | FAIR } else { PARKED };
+        // The decision function runs once our context is saved. Everything
+        // it touches (`self`, `w`) stays alive until its last step: nobody
+        // can wake us before the final CAS marks us ASLEEP (a waker that
+        // dequeues us earlier only flips `state`), and after that CAS the
+        // function returns without touching memory.
+        w.slot.wait_with(|| {
+            {
+                let mut q = self.queue.lock();
+                // SAFETY: `w` lives on our stack until we are woken or have
+                // taken it back out of the queue; it is not queued now.
+                unsafe {
+                    if lost {
+                        q.push_front(w);
+                    } else {
+                        q.push_back(w);
+                    }
+                }
+                if self.flags.load(Ordering::Relaxed) & parked_flags != parked_flags {
+                    self.flags.fetch_or(parked_flags, Ordering::Relaxed);
+                }
+            }
+            // Dekker with `unlock`: our PARKED store vs its `locked` store.
+            heavy_fence();
+            if self.locked.load(Ordering::Relaxed) == 0 {
+                let mut q = self.queue.lock();
+                // SAFETY: `w` is alive; we only unlink it.
+                if unsafe { q.remove(w) } {
+                    if q.is_empty() {
+                        self.flags.fetch_and(!(PARKED | FAIR), Ordering::Relaxed);
+                    }
+                    return false;
+                }
+                // A waker already took us: let it finish the wake-up.
+            }
+            w.state
+                .compare_exchange(ARRIVING, ASLEEP, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+        });
+        match w.state.load(Ordering::Acquire) {
+            HANDED_OFF => Woke::HandedOff,
+            WOKEN => Woke::Woken,
+            _ => Woke::Cancelled,
+        }
+    }
+
+    /// Hands the lock (still held) to the first waiter. `false` if nobody
+    /// waits.
+    #[cold]
+    fn hand_off(&self) -> bool {
+        let mut q = self.queue.lock();
+        // SAFETY: we take the waiter off the queue, then wake it after the
+        // queue lock is released, not touching it afterwards.
+        let Some(w) = (unsafe { q.pop_front() }) else {
+            self.flags.fetch_and(!FAIR, Ordering::Relaxed);
+            return false;
+        };
+        let clear = if q.is_empty() { PARKED | FAIR } else { FAIR };
+        self.flags.fetch_and(!clear, Ordering::Relaxed);
+        drop(q);
+        // SAFETY: dequeued above.
+        unsafe { wake(w, HANDED_OFF) };
+        true
+    }
+
+    /// Wakes the first waiter after a release, unless another woken waiter
+    /// is already on its way.
+    #[cold]
+    #[inline(never)]
+    fn wake_one(&self) {
+        let mut f = self.flags.load(Ordering::Relaxed);
+        loop {
+            if f & (PARKED | WAKING) != PARKED {
+                return;
+            }
+            match self.flags.compare_exchange_weak(
+                f,
+                f | WAKING,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(now) => f = now,
+            }
+        }
+        let mut q = self.queue.lock();
+        // SAFETY: as in `hand_off`.
+        let w = unsafe { q.pop_front() };
+        if q.is_empty() {
+            self.flags.fetch_and(!(PARKED | FAIR), Ordering::Relaxed);
+        }
+        drop(q);
+        match w {
+            // SAFETY: dequeued above. The woken thread clears WAKING.
+            Some(w) => unsafe { wake(w, WOKEN) },
+            None => {
+                self.flags.fetch_and(!WAKING, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+// SAFETY: `locked` is taken by a CAS from 0 to 1 (acquire) and released by a
+// store of 0 (release), or kept at 1 and passed to a dequeued waiter by a
+// hand-off whose `state` swap (release) the waiter reads (acquire). Waiters
+// are never lost: see the module docs for the fence argument.
+unsafe impl<U: UltItf> RawLock<U> for RawMutex<U> {
+    #[cfg(not(loom))]
+    const INIT: Self = Self::new();
+
+    fn unlocked() -> Self {
+        Self::new()
+    }
+
+    #[inline]
+    fn lock(&self) {
+        if self
+            .locked
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_contended();
+        }
+    }
+
+    #[inline]
+    fn try_lock(&self) -> bool {
+        self.try_acquire()
+    }
+
+    #[inline]
+    fn is_locked(&self) -> bool {
+        self.locked.load(Ordering::Relaxed) != 0
+    }
+
+    #[inline]
+    unsafe fn unlock(&self) {
+        if self.flags.load(Ordering::Relaxed) & FAIR != 0 && self.hand_off() {
+            return;
+        }
+        self.locked.store(0, Ordering::Release);
+        // Dekker with `park`: our `locked` store vs a waiter's PARKED store.
+        light_fence();
+        if self.flags.load(Ordering::Relaxed) & (PARKED | WAKING) == PARKED {
+            self.wake_one();
+        }
+    }
+
+    unsafe fn unlock_and_wait(&self, slot: &U::SuspendedThread) {
+        // Release from the decision function, i.e. once we are in `slot`.
+        // It only wakes or hands off to other threads, never switches. A
+        // notifier may wake us while the release is still finishing on the
+        // worker we left (the unlock reads `flags` after freeing `locked`);
+        // since the release touches `self`, we do not return — and end the
+        // caller's borrow of the mutex — before it has finished.
+        let released = AtomicBool::new(false);
+        slot.wait_with(|| {
+            // SAFETY: we hold the lock (the caller's contract).
+            unsafe { self.unlock() };
+            // Last touch: `released` lives on our stack until we see it set.
+            released.store(true, Ordering::Release);
+            true
+        });
+        let mut backoff = Backoff::new();
+        while !released.load(Ordering::Acquire) {
+            backoff.snooze(U::yield_now);
+        }
+    }
+}
