@@ -1,6 +1,11 @@
 //! `fib`: parallel Fibonacci — fork fib(n−1), run fib(n−2), join
 //! (Endo 2020 §5.4.1). Baselines in the same run: serial recursion and
 //! `rayon::join`. Output: JSON lines, seconds per run, plus ns per fork+join.
+//!
+//! `ct-worker` / `ct-worker-asym` use `join_in` (the second closure waits as
+//! a job and becomes a thread only if stolen); `ct-worker-spawn` forks a real
+//! user-level thread every time (`spawn` + `JoinHandle::join`, work-first, as
+//! MassiveThreads does).
 
 use std::hint::black_box;
 
@@ -13,6 +18,28 @@ fn fib_serial(n: u64) -> u64 {
     } else {
         fib_serial(n - 1) + fib_serial(n - 2)
     }
+}
+
+fn fib_spawn(n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    let h = ct_worker::spawn(move || fib_spawn(n - 1));
+    let b = fib_spawn(n - 2);
+    h.join() + b
+}
+
+fn bench_spawn(n: u64, workers: usize, runs: usize) -> Stats {
+    let rt = ct_worker::Runtime::builder()
+        .workers(workers)
+        .build()
+        .expect("runtime");
+    repeat(runs, || {
+        time_secs(|| {
+            let r = rt.block_on(|| fib_spawn(black_box(n)));
+            check(r, n);
+        })
+    })
 }
 
 fn fib_ct<C: Config>(n: u64) -> u64 {
@@ -75,8 +102,9 @@ fn main() {
         eprintln!(
             "fib [--n 30,35] [--workers 1,2] [--runs 7]\n\
              Seed parameters: n = 30 and 35, workers 1 and 2. Prints JSON lines (seconds)\n\
-             for the default configuration (crossbeam Chase-Lev deques) and the asymmetric-\n\
-             fence deque, with serial fib and rayon::join fib measured in the same run."
+             for join on the default configuration (crossbeam Chase-Lev deques) and on the\n\
+             asymmetric-fence deque, for spawn+join (a thread per fork, work-first), with\n\
+             serial fib and rayon::join fib measured in the same run."
         );
         return;
     }
@@ -108,6 +136,7 @@ fn main() {
                     bench_ct::<DefaultConfig> as fn(u64, usize, usize) -> Stats,
                 ),
                 ("ct-worker-asym", bench_ct::<AsymmetricConfig>),
+                ("ct-worker-spawn", bench_spawn),
             ] {
                 eprintln!("{name} fib({n}) with {w} workers...");
                 let s = run(n, w, runs);

@@ -17,6 +17,7 @@ use crate::join_state::JoinState;
 use crate::local::LocalMap;
 use crate::pool::{PoolItem, StackBlock};
 use crate::remote_list::Linked;
+use crate::worker::Worker;
 
 /// Bytes of a descriptor reserved for the thread's result; larger results
 /// are boxed.
@@ -30,6 +31,11 @@ pub(crate) const RESUMED: usize = 0;
 /// The value delivered to a task whose conditional suspension was cancelled.
 pub(crate) const CANCELLED: usize = 1;
 
+/// Starts an unstarted job as a thread on worker `w`: gives it a stack and
+/// returns the fresh context to switch to. The pointer is the job's closure.
+pub(crate) type StartFn<C> =
+    unsafe fn(&Worker<C>, TaskRef<C>, *const ()) -> Context<<C as Config>::Policy>;
+
 /// One user-level thread.
 #[repr(C, align(16))]
 pub(crate) struct TaskDesc<C: Config> {
@@ -37,11 +43,12 @@ pub(crate) struct TaskDesc<C: Config> {
     owner: usize,
     /// Id of the runtime the thread belongs to (for wake-ups from outside).
     pub(crate) runtime_id: Cell<usize>,
-    /// For threads joined only by their parent (`join`): the parent, so that
-    /// the exit path can tell that nobody else can touch the join state.
-    pub(crate) private_parent: Cell<Option<NonNull<TaskDesc<C>>>>,
     /// The saved context while the thread is suspended.
     ctx: UnsafeCell<Option<Context<C::Policy>>>,
+    /// For a `join`'s second closure queued as a job (not a thread yet):
+    /// how to start it as a thread, and its closure. Set before the job is
+    /// pushed; taken by whoever takes the job from the deque.
+    pub(crate) start: Cell<Option<(StartFn<C>, *const ())>>,
     pub(crate) join: JoinState,
     /// The stack the thread runs on; released when it finishes.
     pub(crate) stack: Cell<Option<NonNull<StackBlock>>>,
@@ -96,8 +103,8 @@ impl<C: Config> TaskDesc<C> {
             next: ptr::null_mut(),
             owner,
             runtime_id: Cell::new(0),
-            private_parent: Cell::new(None),
             ctx: UnsafeCell::new(None),
+            start: Cell::new(None),
             join: JoinState::new(),
             stack: Cell::new(None),
             locals: UnsafeCell::new(None),
@@ -109,7 +116,6 @@ impl<C: Config> TaskDesc<C> {
     /// Prepares a recycled descriptor for a new thread of runtime `runtime_id`.
     pub(crate) fn reset(&self, runtime_id: usize) {
         self.runtime_id.set(runtime_id);
-        self.private_parent.set(None);
         self.join.reset();
         debug_assert!(self.stack.get().is_none());
         debug_assert!(self.drop_packet.get().is_none());

@@ -267,13 +267,42 @@ impl<C: Config> Worker<C> {
     fn next_to_run(&self) -> (Context<C::Policy>, Option<TaskRef<C>>) {
         match self.deque.pop() {
             // SAFETY: a popped thread is ours to resume.
-            Some(t) => (unsafe { t.desc().take_ctx() }, Some(t)),
+            Some(t) => (unsafe { self.ctx_of_taken(t) }, Some(t)),
             // SAFETY: while a thread runs, the scheduler's context is saved.
             None => (
                 unsafe { (*self.sched_ctx.get()).take() }.expect("scheduler context is saved"),
                 None,
             ),
         }
+    }
+
+    /// The context to run a task taken from a deque: its saved context or,
+    /// for a `join`'s job that nobody has started, a new thread for it made
+    /// here (with a stack from this worker's pool).
+    ///
+    /// # Safety
+    ///
+    /// The caller must have taken `t` from a deque (and so own its resumption).
+    #[inline]
+    pub(crate) unsafe fn ctx_of_taken(&self, t: TaskRef<C>) -> Context<C::Policy> {
+        match t.desc().start.take() {
+            // SAFETY: an unstarted job, ours to start (the contract).
+            Some((start, data)) => unsafe { start(self, t, data) },
+            // SAFETY: as above, a suspended thread.
+            None => unsafe { t.desc().take_ctx() },
+        }
+    }
+
+    /// Owner: takes the newest item of this worker's deque.
+    #[inline]
+    pub(crate) fn pop_own(&self) -> Option<TaskRef<C>> {
+        self.deque.pop()
+    }
+
+    /// Owner: puts an item taken with [`Worker::pop_own`] back, unchanged.
+    #[inline]
+    pub(crate) fn push_back_own(&self, t: TaskRef<C>) {
+        self.deque.push(t);
     }
 
     /// Puts back what [`Worker::next_to_run`] took, after a cancelled switch.
@@ -520,22 +549,6 @@ impl<C: Config> Worker<C> {
             }
         }
         let (next_ctx, next) = self.next_to_run();
-        if next.is_some_and(|n| Some(n.ptr()) == desc.private_parent.get()) {
-            // Only our parent joins us, and we just took it off the deque, so
-            // it is not waiting and cannot start to: no atomic swap needed.
-            // SAFETY: as above.
-            unsafe {
-                restore_with(next_ctx, move || {
-                    if let Some(s) = stack {
-                        self.free_stack(s);
-                    }
-                    me.desc().join.finish_for_waiter();
-                    self.running.set(next);
-                    self.note_switch(next);
-                    RESUMED
-                })
-            }
-        }
         // SAFETY: as above.
         unsafe {
             restore_with(next_ctx, move || {
@@ -582,7 +595,7 @@ impl<C: Config> Worker<C> {
         self.shared.aspect.switch(self.index);
         // SAFETY: per the contract; the ontop function saves the scheduler.
         unsafe {
-            let ctx = t.desc().take_ctx();
+            let ctx = self.ctx_of_taken(t);
             swap_with(ctx, |sched| {
                 *self.sched_ctx.get() = Some(sched);
                 RESUMED

@@ -114,6 +114,112 @@ fn scoped_threads_borrow_locals() {
     });
 }
 
+/// `join`'s closures may block on each other in either direction, on one
+/// worker too: when `a` parks, its worker starts the queued `b` as a thread
+/// (rayon, which runs `b` only after `a`, would deadlock here).
+#[test]
+fn join_closures_may_wait_for_each_other() {
+    with_timeout(60, || {
+        for w in [1, 2, 4] {
+            let rt = rt(w);
+            for round in 0..200 {
+                let got = rt.block_on(|| {
+                    let slot = SuspendedThread::new();
+                    let flag = AtomicBool::new(false);
+                    let wait = || {
+                        slot.wait_with(|| !flag.load(Ordering::Acquire));
+                        assert!(flag.load(Ordering::Acquire), "woken before the signal");
+                    };
+                    let signal = || {
+                        flag.store(true, Ordering::Release);
+                        slot.notify();
+                    };
+                    if round % 2 == 0 {
+                        ct_worker::join(|| (wait(), 1).1, || (signal(), 2).1)
+                    } else {
+                        ct_worker::join(|| (signal(), 1).1, || (wait(), 2).1)
+                    }
+                });
+                assert_eq!(got, (1, 2), "{w} workers, round {round}");
+            }
+        }
+    });
+}
+
+/// A panic in the queued closure reaches the caller whether the caller ran
+/// it itself (one worker, nothing blocks) or another thread did (`a` parks,
+/// so `b` starts as a thread).
+#[test]
+fn join_propagates_panics_of_the_second_closure() {
+    with_timeout(60, || {
+        let rt = rt(1);
+        rt.block_on(|| {
+            let r =
+                std::panic::catch_unwind(|| ct_worker::join(|| 1, || -> u32 { panic!("right") }));
+            assert_eq!(
+                r.expect_err("propagated").downcast_ref::<&str>(),
+                Some(&"right")
+            );
+            let slot = SuspendedThread::new();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                ct_worker::join(
+                    || slot.wait(),
+                    || {
+                        slot.notify();
+                        panic!("right, as a thread")
+                    },
+                )
+            }));
+            assert_eq!(
+                r.expect_err("propagated").downcast_ref::<&str>(),
+                Some(&"right, as a thread")
+            );
+        });
+    });
+}
+
+/// Nested joins recurse on the caller's stack (every leaf counted once);
+/// prints how many bytes of stack one nesting level takes.
+#[test]
+fn nested_joins_recurse_on_the_callers_stack() {
+    fn chain(depth: u32, leaves: &AtomicUsize) {
+        let here = 0u8;
+        if depth == 100 {
+            TOP.store(&here as *const u8 as usize, Ordering::Relaxed);
+        }
+        if depth == 0 {
+            let per_level = (TOP.load(Ordering::Relaxed) - &here as *const u8 as usize) / 100;
+            PER_LEVEL.store(per_level, Ordering::Relaxed);
+            leaves.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        ct_worker::join(
+            || chain(depth - 1, leaves),
+            || {
+                leaves.fetch_add(1, Ordering::Relaxed);
+            },
+        );
+    }
+    static TOP: AtomicUsize = AtomicUsize::new(0);
+    static PER_LEVEL: AtomicUsize = AtomicUsize::new(0);
+    with_timeout(60, || {
+        for w in [1, 2] {
+            let rt = Runtime::builder()
+                .workers(w)
+                .stack_size(1 << 20)
+                .build()
+                .unwrap();
+            let leaves = AtomicUsize::new(0);
+            rt.block_on(|| chain(200, &leaves));
+            assert_eq!(leaves.load(Ordering::Relaxed), 201, "{w} workers");
+        }
+        eprintln!(
+            "one nested join level: {} bytes of stack",
+            PER_LEVEL.load(Ordering::Relaxed)
+        );
+    });
+}
+
 #[test]
 fn panics_propagate_to_the_joiner() {
     with_timeout(60, || {
