@@ -11,6 +11,11 @@
 //!   (the destination checks it and switches back to it);
 //! - `ontop-store`: the ontop function stores the saved context in a shared slot
 //!   that the other side reads, the way a scheduler publishes a continuation.
+//! - `ontop-trivial`: like `plain` (fixed destinations), but every switch runs
+//!   a trivial ontop function (it returns the transferred value): the cost of
+//!   the ontop call itself. (In `ontop` the next destination is the value the
+//!   previous switch delivered, so that mode is a dependent chain of switches,
+//!   bound by latency, while `plain` can be overlapped by the processor.)
 //!
 //! Baselines in the same run: corosensei's own `resume` + `suspend`, and the
 //! safe `ct_context::Coroutine` (resume + suspend) for comparison.
@@ -38,11 +43,13 @@ static CHILD: AtomicUsize = AtomicUsize::new(0);
 const PLAIN: u8 = 0;
 const ONTOP: u8 = 1;
 const ONTOP_STORE: u8 = 2;
+const ONTOP_TRIVIAL: u8 = 3;
 
 fn mode_name(mode: u8) -> &'static str {
     match mode {
         PLAIN => "plain",
         ONTOP => "ontop",
+        ONTOP_TRIVIAL => "ontop-trivial",
         _ => "ontop-store",
     }
 }
@@ -61,6 +68,12 @@ unsafe extern "C" fn pass_prev<P: ContextPolicy>(prev: Context<P>, _data: usize)
     prev.into_raw().as_ptr() as usize
 }
 
+/// The trivial ontop function: the saved context stays where it is (its
+/// address is fixed and known), the value passes through.
+unsafe extern "C" fn keep_data<P: ContextPolicy>(_prev: Context<P>, data: usize) -> usize {
+    data
+}
+
 fn ctx<P: ContextPolicy>(addr: usize) -> Context<P> {
     // SAFETY: callers pass addresses of contexts of policy P saved by the
     // other side and not resumed since.
@@ -76,6 +89,7 @@ fn switch<P: ContextPolicy, const MODE: u8>(to: usize, store: OntopFn<P>, v: usi
         match MODE {
             PLAIN => P::swap_context(ctx::<P>(to), None, v),
             ONTOP => P::swap_context(ctx::<P>(to), Some(pass_prev::<P>), v),
+            ONTOP_TRIVIAL => P::swap_context(ctx::<P>(to), Some(keep_data::<P>), v),
             _ => P::swap_context(ctx::<P>(to), Some(store), v),
         }
     }
@@ -98,6 +112,9 @@ fn run_policy<P: ContextPolicy, const MODE: u8>(round_trips: usize) -> f64 {
                 // side switches from one call site at a fixed stack depth.
                 PLAIN => loop {
                     v = switch::<P, PLAIN>(main, store_child::<P>, v + 1);
+                },
+                ONTOP_TRIVIAL => loop {
+                    v = switch::<P, ONTOP_TRIVIAL>(main, store_child::<P>, v + 1);
                 },
                 // Main sends its context; we send back ours.
                 ONTOP => loop {
@@ -127,6 +144,17 @@ fn run_policy<P: ContextPolicy, const MODE: u8>(round_trips: usize) -> f64 {
             let c = CHILD.load(Ordering::Relaxed);
             for i in 0..round_trips {
                 let r = switch::<P, PLAIN>(c, store_main::<P>, v);
+                if r != v + 1 {
+                    fail(&format!("round trip {i}: sent {v}, got {r}"));
+                }
+                v = r;
+            }
+        }
+        ONTOP_TRIVIAL => {
+            let mut v = switch::<P, ONTOP_STORE>(c, store_main::<P>, v);
+            let c = CHILD.load(Ordering::Relaxed);
+            for i in 0..round_trips {
+                let r = switch::<P, ONTOP_TRIVIAL>(c, store_main::<P>, v);
                 if r != v + 1 {
                     fail(&format!("round trip {i}: sent {v}, got {r}"));
                 }
@@ -215,9 +243,9 @@ fn main() {
         eprintln!(
             "ctx_switch [--round-trips N (default 10000000)] [--runs R (default 7)]\n\
              \x20          [--only x86_64,x86_64-fpu,portable,corosensei,ct-coroutine]\n\
-             Prints one JSON line per policy and mode (plain, ontop, ontop-store),\n\
-             plus corosensei's resume+suspend and ct_context::Coroutine, in ns per\n\
-             round trip (two switches)."
+             Prints one JSON line per policy and mode (plain, ontop-trivial, ontop,\n\
+             ontop-store), plus corosensei's resume+suspend and ct_context::Coroutine,\n\
+             in ns per round trip (two switches)."
         );
         return;
     }
@@ -230,8 +258,9 @@ fn main() {
     macro_rules! policy {
         ($p:ty) => {
             if wanted(<$p>::NAME) {
-                let modes: [(u8, fn(usize) -> f64); 3] = [
+                let modes: [(u8, fn(usize) -> f64); 4] = [
                     (PLAIN, run_policy::<$p, PLAIN>),
+                    (ONTOP_TRIVIAL, run_policy::<$p, ONTOP_TRIVIAL>),
                     (ONTOP, run_policy::<$p, ONTOP>),
                     (ONTOP_STORE, run_policy::<$p, ONTOP_STORE>),
                 ];

@@ -317,7 +317,9 @@ where
                     // wake us.
                     unsafe {
                         let e = self.queue.entry(h);
-                        e.waiter.wait_with(|| {
+                        // `move`: once published we may be resumed at
+                        // once, and our stack may change under the closure.
+                        e.waiter.wait_with(move || {
                             self.queue.publish(h);
                             true
                         });

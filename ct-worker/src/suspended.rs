@@ -144,6 +144,14 @@ impl<C: Config> SuspendedThread<C> {
     /// `decide` runs on another stack (a user-level thread's context is saved
     /// at that point): it must be short, must not block or switch, and must
     /// not panic. Outside a user-level thread the OS thread parks instead.
+    ///
+    /// Once `decide` has made the thread wakeable by others (e.g. released a
+    /// lock whose next holder notifies this slot), the thread may be resumed
+    /// on another worker *while `decide` is still running*, and its stack
+    /// frames may be reused. From that point `decide` must not read the
+    /// waiting thread's locals: write it as a `move` closure, so that it
+    /// holds copies (a non-`move` closure captures locals by reference, into
+    /// the waiting thread's stack).
     pub fn wait_with(&self, decide: impl FnOnce() -> bool) -> bool {
         match Worker::<C>::current().filter(|w| w.running().is_some()) {
             // SAFETY: we are `w`'s running thread; `park_decision` publishes us

@@ -328,7 +328,7 @@ impl<U: UltItf> RawMutex<U> {
         // can wake us before the final CAS marks us ASLEEP (a waker that
         // dequeues us earlier only flips `state`), and after that CAS the
         // function returns without touching memory.
-        w.slot.wait_with(|| {
+        w.slot.wait_with(move || {
             {
                 let mut q = self.queue.lock();
                 // SAFETY: `w` lives on our stack until we are woken or have
@@ -478,11 +478,14 @@ unsafe impl<U: UltItf> RawLock<U> for RawMutex<U> {
         // since the release touches `self`, we do not return — and end the
         // caller's borrow of the mutex — before it has finished.
         let released = AtomicBool::new(false);
-        slot.wait_with(|| {
+        let released_ref = &released;
+        // `move`: the closure holds copies of its pointers, not references to
+        // our locals, which may change once a notifier resumes us.
+        slot.wait_with(move || {
             // SAFETY: we hold the lock (the caller's contract).
             unsafe { self.unlock() };
             // Last touch: `released` lives on our stack until we see it set.
-            released.store(true, Ordering::Release);
+            released_ref.store(true, Ordering::Release);
             true
         });
         let mut backoff = Backoff::new();

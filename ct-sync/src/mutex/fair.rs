@@ -157,7 +157,8 @@ unsafe impl<U: UltItf> RawLock<U> for RawFairMutex<U> {
             if let Some(prev) = self.core.start_lock(node) {
                 // Park in the predecessor's node; link only once parked, so that
                 // a linked successor is always a parked one.
-                prev.as_ref().parked.wait_with(|| {
+                // `move`: after the link, our stack may change at any time.
+                prev.as_ref().parked.wait_with(move || {
                     McsCore::set_next(prev, node);
                     true
                 });
@@ -232,8 +233,10 @@ unsafe impl<U: UltItf> RawLock<U> for RawFairMutex<U> {
             }
             // No linked successor: release from the decision function, which
             // runs once we are in `slot`. It may not switch; it may free our
-            // node, since nothing of ours runs until we are woken.
-            slot.wait_with(|| {
+            // node. Once the lock is free, a notifier may wake us and our
+            // stack may change while the decision still runs: it captures
+            // `head` by value (`move`), never by reference into our frame.
+            slot.wait_with(move || {
                 if !self.core.try_unlock(head) {
                     let next = wait_for_successor(head);
                     self.core.set_head(next);
