@@ -477,8 +477,9 @@ where
         imm: impl FnOnce(&mut C) -> bool,
         del: impl FnOnce() -> C::Request,
     ) -> bool {
-        // Inline through the gate alone when the queue lock is free.
-        if !self.queue.is_locked() && self.try_gate() {
+        // Inline through the gate alone when it is open (a queue holder
+        // holds it, so this also means the queue lock is free).
+        if !self.gate.load(Ordering::Relaxed) && self.try_gate() {
             // SAFETY: the gate gives us the resource.
             let done = imm(unsafe { self.consumer_mut() });
             self.open_gate();
