@@ -128,7 +128,8 @@ impl<U: UltItf> Barrier<U> {
         self.generation.store(g.wrapping_add(1), Ordering::Release);
         for slot in self.slots[parity].iter() {
             let mut backoff = Backoff::new();
-            while !slot.notify() {
+            // Each goes back to the worker it parked on (no stealing storm).
+            while !slot.notify_home() {
                 backoff.snooze(std::thread::yield_now);
             }
         }

@@ -20,6 +20,11 @@ pub trait SuspendedThreadItf: Default + Send + Sync + 'static {
     fn wait_with(&self, decide: impl FnOnce() -> bool) -> bool;
     /// Makes the parked thread runnable. Returns whether one was parked.
     fn notify(&self) -> bool;
+    /// Makes the parked thread runnable where it parked, if the
+    /// implementation has such a notion (otherwise like `notify`).
+    fn notify_home(&self) -> bool {
+        self.notify()
+    }
     /// Runs the parked thread now if the implementation can switch to it
     /// (otherwise like `notify`). Returns whether one was parked.
     fn enter(&self) -> bool;
@@ -69,6 +74,9 @@ impl<C: Config> SuspendedThreadItf for SuspendedThread<C> {
     }
     fn notify(&self) -> bool {
         SuspendedThread::notify(self)
+    }
+    fn notify_home(&self) -> bool {
+        SuspendedThread::notify_home(self)
     }
     fn enter(&self) -> bool {
         SuspendedThread::enter(self)

@@ -58,6 +58,11 @@ impl<T: Linked> RemoteList<T> {
         }
     }
 
+    /// Whether the list looks empty (a hint).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head.load(Ordering::Relaxed).is_null()
+    }
+
     /// Takes every item; returns the first (follow the links to the rest).
     pub(crate) fn take_all(&self) -> *mut T {
         if self.head.load(Ordering::Relaxed).is_null() {

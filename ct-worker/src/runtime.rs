@@ -16,6 +16,7 @@ use crate::deque::WorkerDeque;
 use crate::error::{Error, Result};
 use crate::handle::JoinHandle;
 use crate::pool::SharedPool;
+use crate::remote_list::RemoteList;
 use crate::task::{TaskDesc, TaskRef};
 use crate::worker::{Worker, current_info};
 
@@ -88,6 +89,24 @@ impl Sleep {
         }
     }
 
+    /// After a push to worker `w`'s inbox: wakes `w` if it sleeps (fenced, so
+    /// a worker falling asleep at this moment sees the push or is seen here).
+    pub(crate) fn wake_worker(&self, w: usize) {
+        fence(Ordering::SeqCst);
+        if self.sleepers.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut s = self.lock();
+        if let Some(pos) = s.iter().position(|&x| x == w) {
+            s.swap_remove(pos);
+            self.sleepers.fetch_sub(1, Ordering::Relaxed);
+            drop(s);
+            if let Some(t) = self.threads[w].get() {
+                t.unpark();
+            }
+        }
+    }
+
     fn wake_one(&self) {
         let mut s = self.lock();
         if let Some(w) = s.pop() {
@@ -137,6 +156,9 @@ pub(crate) struct Shared<C: Config> {
     pub(crate) id: usize,
     pub(crate) workers: usize,
     pub(crate) stealers: Vec<Stealer<C>>,
+    /// Per worker: threads woken elsewhere and sent home to it
+    /// (`notify_home`); drained by the worker, or taken by thieves.
+    pub(crate) inboxes: Box<[CachePadded<RemoteList<TaskDesc<C>>>]>,
     pub(crate) injector: Injector<TaskRef<C>>,
     pub(crate) descs: SharedPool<TaskDesc<C>>,
     pub(crate) stacks: SharedPool<crate::pool::StackBlock>,
@@ -255,6 +277,9 @@ impl Builder {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             workers,
             stealers,
+            inboxes: (0..workers)
+                .map(|_| CachePadded::new(RemoteList::new()))
+                .collect(),
             injector: Injector::new(),
             descs: SharedPool::new(workers),
             stacks: SharedPool::new(workers),
@@ -312,7 +337,7 @@ fn run_loop<C: Config>(w: &Worker<C>) {
     let shared = &*w.shared;
     let mut idle_rounds = 0u32;
     loop {
-        if let Some(t) = w.find_work() {
+        if let Some(t) = w.find_work(idle_rounds >= IDLE_SPINS) {
             if idle_rounds != 0 {
                 shared.aspect.idle_end(w.index);
                 idle_rounds = 0;

@@ -157,7 +157,10 @@ impl<C: Config> SuspendedThread<C> {
             // SAFETY: we are `w`'s running thread; `park_decision` publishes us
             // only after our context is saved and takes us back on refusal.
             Some(w) => unsafe {
-                w.cond_suspend_to_sched(|me| self.park_decision(me.word(), decide))
+                w.cond_suspend_to_sched(|me| {
+                    me.desc().home.set(w.index);
+                    self.park_decision(me.word(), decide)
+                })
             },
             None => {
                 let waiter = OsWaiter::new();
@@ -182,6 +185,28 @@ impl<C: Config> SuspendedThread<C> {
     pub fn notify(&self) -> bool {
         match self.take() {
             None => false,
+            Some(p) => {
+                wake::<C>(p);
+                true
+            }
+        }
+    }
+
+    /// Like [`SuspendedThread::notify`], but makes the thread runnable on the
+    /// worker it parked on (through that worker's inbox, waking it if it
+    /// sleeps) instead of the caller's: for wake-ups of many threads at once
+    /// (a barrier), which would otherwise all land on the waker's deque and
+    /// be stolen one by one. Returns whether a thread was parked.
+    pub fn notify_home(&self) -> bool {
+        match self.take() {
+            None => false,
+            Some(Parked::Ult(t)) => {
+                match Worker::<C>::current() {
+                    Some(w) if w.shared.id == t.desc().runtime_id.get() => w.push_home(t),
+                    _ => wake::<C>(Parked::Ult(t)),
+                }
+                true
+            }
             Some(p) => {
                 wake::<C>(p);
                 true
@@ -221,7 +246,10 @@ impl<C: Config> SuspendedThread<C> {
             (Some(Parked::Ult(t)), Some(w)) => {
                 // SAFETY: we are `w`'s running thread and own `t`'s wake-up.
                 let switched = unsafe {
-                    w.cond_suspend_to_cont(t, |me| self.park_decision(me.word(), decide))
+                    w.cond_suspend_to_cont(t, |me| {
+                        me.desc().home.set(w.index);
+                        self.park_decision(me.word(), decide)
+                    })
                 };
                 if !switched {
                     // Give `next` its thread back.

@@ -45,6 +45,10 @@ pub(crate) struct TaskDesc<C: Config> {
     pub(crate) runtime_id: Cell<usize>,
     /// The saved context while the thread is suspended.
     ctx: UnsafeCell<Option<Context<C::Policy>>>,
+    /// The worker the thread last parked on (`usize::MAX`: none), where
+    /// [`SuspendedThread::notify_home`](crate::SuspendedThread::notify_home)
+    /// sends it back.
+    pub(crate) home: Cell<usize>,
     /// For a `join`'s second closure queued as a job (not a thread yet):
     /// how to start it as a thread, and its closure. Set before the job is
     /// pushed; taken by whoever takes the job from the deque.
@@ -104,6 +108,7 @@ impl<C: Config> TaskDesc<C> {
             owner,
             runtime_id: Cell::new(0),
             ctx: UnsafeCell::new(None),
+            home: Cell::new(usize::MAX),
             start: Cell::new(None),
             join: JoinState::new(),
             stack: Cell::new(None),

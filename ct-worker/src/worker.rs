@@ -265,6 +265,7 @@ impl<C: Config> Worker<C> {
     /// runnable thread of this worker, else the scheduler loop.
     #[inline]
     fn next_to_run(&self) -> (Context<C::Policy>, Option<TaskRef<C>>) {
+        self.drain_inbox(self.index);
         match self.deque.pop() {
             // SAFETY: a popped thread is ours to resume.
             Some(t) => (unsafe { self.ctx_of_taken(t) }, Some(t)),
@@ -290,6 +291,44 @@ impl<C: Config> Worker<C> {
             Some((start, data)) => unsafe { start(self, t, data) },
             // SAFETY: as above, a suspended thread.
             None => unsafe { t.desc().take_ctx() },
+        }
+    }
+
+    /// Moves the threads sent home to worker `from` (this one, or a victim)
+    /// onto this worker's deque, oldest on top. Returns whether there were any.
+    #[inline]
+    fn drain_inbox(&self, from: usize) -> bool {
+        let inbox = &self.shared.inboxes[from];
+        if inbox.is_empty() {
+            return false;
+        }
+        self.drain_inbox_slow(from)
+    }
+
+    #[cold]
+    fn drain_inbox_slow(&self, from: usize) -> bool {
+        let first = self.shared.inboxes[from].take_all();
+        let mut any = false;
+        for d in crate::remote_list::drain(first) {
+            // SAFETY: inbox entries are suspended threads whose wake-up was
+            // handed to the inbox; taking them makes them ours.
+            self.deque
+                .push(TaskRef::new(unsafe { NonNull::new_unchecked(d) }));
+            any = true;
+        }
+        any
+    }
+
+    /// Makes a woken thread runnable on the worker it parked on: here, or
+    /// through that worker's inbox (waking the worker if it sleeps).
+    pub(crate) fn push_home(&self, t: TaskRef<C>) {
+        let home = t.desc().home.get();
+        if home == self.index || home >= self.shared.workers {
+            self.push(t);
+        } else {
+            // SAFETY: we own the thread's wake-up and hand it to the inbox.
+            unsafe { self.shared.inboxes[home].push(t.ptr().as_ptr()) };
+            self.shared.sleep.wake_worker(home);
         }
     }
 
@@ -603,12 +642,19 @@ impl<C: Config> Worker<C> {
         }
     }
 
-    /// Scheduler loop: looks for a runnable thread — own deque, then the
-    /// global injector, then other workers in random order.
-    pub(crate) fn find_work(&self) -> Option<TaskRef<C>> {
+    /// Scheduler loop: looks for a runnable thread — own deque and inbox,
+    /// then the global injector, then other workers' deques in random order,
+    /// and (with `take_inboxes`, once this worker has idled a while) their
+    /// inboxes. Threads sent home stay home while their worker keeps up, so a
+    /// barrier's waiters do not all migrate every episode, yet a busy worker
+    /// cannot strand them.
+    pub(crate) fn find_work(&self, take_inboxes: bool) -> Option<TaskRef<C>> {
         use crate::deque::{DequeStealer, Steal};
         if let Some(t) = self.deque.pop() {
             return Some(t);
+        }
+        if self.drain_inbox(self.index) {
+            return self.deque.pop();
         }
         let shared = &*self.shared;
         loop {
@@ -634,6 +680,12 @@ impl<C: Config> Worker<C> {
                             shared.aspect.steal(self.index, Some(v));
                             return Some(t);
                         }
+                        // A busy worker may not drain its inbox for a while:
+                        // after idling a while, take its homed threads too.
+                        Steal::Empty if take_inboxes && self.drain_inbox(v) => {
+                            shared.aspect.steal(self.index, Some(v));
+                            return self.deque.pop();
+                        }
                         Steal::Retry => retry = true,
                         Steal::Empty => {}
                     }
@@ -650,6 +702,7 @@ impl<C: Config> Worker<C> {
     pub(crate) fn work_visible(&self) -> bool {
         use crate::deque::DequeStealer;
         !self.deque.is_empty()
+            || !self.shared.inboxes[self.index].is_empty()
             || !self.shared.injector.is_empty()
             || self.shared.stealers.iter().any(|s| !s.is_empty())
     }

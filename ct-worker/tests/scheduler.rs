@@ -220,6 +220,58 @@ fn nested_joins_recurse_on_the_callers_stack() {
     });
 }
 
+/// `notify_home` sends a thread back to the worker it parked on; if that
+/// worker is busy (here: a thread spinning without yielding until the woken
+/// one runs), an idle worker takes it instead of leaving it stranded.
+#[test]
+fn notify_home_never_strands_a_thread_behind_a_busy_worker() {
+    with_timeout(60, || {
+        let rt = rt(2);
+        for _ in 0..20 {
+            rt.block_on(|| {
+                let slot = Arc::new(SuspendedThread::new());
+                let home = Arc::new(AtomicUsize::new(usize::MAX));
+                let flag = Arc::new(AtomicBool::new(false));
+                let busy_ready = Arc::new(AtomicBool::new(false));
+                let p = {
+                    let (slot, home, flag) = (slot.clone(), home.clone(), flag.clone());
+                    ct_worker::spawn(move || {
+                        home.store(ct_worker::current_worker_index().unwrap(), Ordering::SeqCst);
+                        slot.wait();
+                        flag.store(true, Ordering::SeqCst);
+                    })
+                };
+                while home.load(Ordering::SeqCst) == usize::MAX || slot.is_empty() {
+                    ct_worker::yield_now();
+                }
+                let h = home.load(Ordering::SeqCst);
+                // Occupy the home worker with a thread that only the woken
+                // thread can release.
+                let q = {
+                    let (flag, busy_ready) = (flag.clone(), busy_ready.clone());
+                    ct_worker::spawn(move || {
+                        while ct_worker::current_worker_index().unwrap() != h {
+                            ct_worker::yield_now();
+                        }
+                        busy_ready.store(true, Ordering::SeqCst);
+                        while !flag.load(Ordering::SeqCst) {
+                            std::hint::spin_loop();
+                        }
+                    })
+                };
+                while !busy_ready.load(Ordering::SeqCst)
+                    || ct_worker::current_worker_index().unwrap() == h
+                {
+                    ct_worker::yield_now();
+                }
+                assert!(slot.notify_home(), "the thread was parked");
+                p.join();
+                q.join();
+            });
+        }
+    });
+}
+
 #[test]
 fn panics_propagate_to_the_joiner() {
     with_timeout(60, || {
