@@ -477,9 +477,13 @@ where
         imm: impl FnOnce(&mut C) -> bool,
         del: impl FnOnce() -> C::Request,
     ) -> bool {
-        // Inline through the gate alone when it is open (a queue holder
-        // holds it, so this also means the queue lock is free).
-        if !self.gate.load(Ordering::Relaxed) && self.try_gate() {
+        // Inline through the gate alone when the queue lock is free. The
+        // queue check is not redundant with the gate: between a holder
+        // freeing the queue (and opening the gate) and the next queue holder
+        // taking the gate, the gate is open while requests may be queued
+        // behind that new holder — possibly our own earlier ones, which must
+        // run first. With the queue free, all our earlier requests have run.
+        if !self.queue.is_locked() && self.try_gate() {
             // SAFETY: the gate gives us the resource.
             let done = imm(unsafe { self.consumer_mut() });
             self.open_gate();
