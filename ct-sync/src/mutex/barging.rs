@@ -32,6 +32,11 @@
 //! while nobody is parked, so that a contended lock settles on one core
 //! instead of bouncing between two.
 //!
+//! Woken waiters go back to the worker they parked on
+//! ([`notify_home`](ct_worker::SuspendedThreadItf::notify_home)), so that a
+//! contended lock does not pull every waiter onto the unlocker's worker,
+//! where the other workers would steal them one by one.
+//!
 //! **No starvation.** A woken waiter that still loses parks again at the
 //! *front* of the queue with `FAIR` set; the next unlock then does not
 //! release the lock but hands it directly to the first waiter.
@@ -205,7 +210,7 @@ unsafe fn wake<U: UltItf>(w: NonNull<Waiter<U>>, how: u8) {
     if w.state.swap(how, Ordering::AcqRel) == ASLEEP {
         // Parked: the slot holds it, and it stays parked (with `w` alive)
         // until this notify.
-        w.slot.notify();
+        w.slot.notify_home();
     }
 }
 

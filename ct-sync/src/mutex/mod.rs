@@ -53,8 +53,9 @@ pub unsafe trait RawLock<U: UltItf>: Send + Sync + Sized {
     /// Whether the lock is held (a hint: it may change at once).
     fn is_locked(&self) -> bool;
 
-    /// Releases the lock; a waiting thread (if any) is made runnable on the
-    /// caller's worker, and the caller continues.
+    /// Releases the lock; a waiting thread (if any) is made runnable — on
+    /// the caller's worker ([`RawFairMutex`]) or on the worker it parked on
+    /// ([`RawMutex`]) — and the caller continues.
     ///
     /// # Safety
     ///
