@@ -102,6 +102,51 @@ pub fn repeat(runs: usize, mut f: impl FnMut() -> f64) -> Stats {
     Stats::from_samples(&samples)
 }
 
+/// Round-trip time of one cache line between two OS threads (each waits for
+/// the other's store), in ns: what a lock hand-off or a wake-up between two
+/// cores costs on this machine *now*. On a virtual machine it changes with
+/// where the host places the vCPUs (tens of ns on cores sharing a cache,
+/// hundreds across sockets or dies), and every multi-worker figure with it,
+/// so the multi-worker benchmarks print it alongside.
+pub fn line_round_trip_ns(round_trips: u64) -> f64 {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let line = Arc::new(AtomicU64::new(0));
+    let other = line.clone();
+    let echo = std::thread::spawn(move || {
+        for i in 0..round_trips {
+            while other.load(Ordering::Acquire) != 2 * i + 1 {
+                std::hint::spin_loop();
+            }
+            other.store(2 * i + 2, Ordering::Release);
+        }
+    });
+    let t = Instant::now();
+    for i in 0..round_trips {
+        line.store(2 * i + 1, Ordering::Release);
+        while line.load(Ordering::Acquire) != 2 * i + 2 {
+            std::hint::spin_loop();
+        }
+    }
+    let ns = t.elapsed().as_nanos() as f64 / round_trips as f64;
+    echo.join().expect("echo thread");
+    ns
+}
+
+/// Emits the [`line_round_trip_ns`] baseline (`impl` = `line-round-trip`,
+/// 100,000 round trips per run) for benchmark `bench` of `suite`.
+pub fn emit_line_round_trip(suite: &str, bench: &str, runs: usize) {
+    let s = repeat(runs, || line_round_trip_ns(100_000));
+    emit(
+        suite,
+        bench,
+        "line-round-trip",
+        &[("threads", 2usize.into())],
+        "ns",
+        &s,
+    );
+}
+
 /// Seconds taken by `f`.
 pub fn time_secs(f: impl FnOnce()) -> f64 {
     let t = Instant::now();

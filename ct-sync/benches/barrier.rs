@@ -26,6 +26,8 @@ fn main() {
     let os_episodes: u64 = args.get("os-episodes", 3_000);
     let workers: Vec<usize> = args.list("workers", &[1, 2]);
     let runs: usize = args.get("runs", 5);
+    // How expensive cross-core hand-offs are on this machine right now.
+    ct_bench::emit_line_round_trip("ct-sync", "barrier", runs);
 
     for &w in &workers {
         eprintln!("ct-sync barrier: {threads} threads x {episodes} episodes, {w} workers...");

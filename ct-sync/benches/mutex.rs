@@ -92,6 +92,8 @@ fn main() {
     let mutexes: Vec<usize> = args.list("mutexes", &[1, 50]);
     let workers: Vec<usize> = args.list("workers", &[1, 2]);
     let runs: usize = args.get("runs", 7);
+    // How expensive cross-core hand-offs are on this machine right now.
+    ct_bench::emit_line_round_trip("ct-sync", "mutex", runs);
     let baselines: bool = args.get("baselines", true);
 
     for &m in &mutexes {
