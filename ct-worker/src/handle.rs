@@ -346,21 +346,17 @@ where
 {
     let stack = w.alloc_stack();
     t.desc().stack.set(Some(stack));
-    let data = SendPtr(data.cast::<B>());
+    let data = data.cast::<B>();
     let entry = move |_| {
-        let data = data;
         // SAFETY: per the contract, the closure is ours to move out; the
         // joiner keeps it alive until we finish.
-        let b = unsafe { core::ptr::read(data.0) };
+        let b = unsafe { core::ptr::read(data) };
         thread_main::<C, B, RB>(t, b)
     };
     // SAFETY: the stack is fresh and lives until the thread exits.
     unsafe { make_context_with::<C::Policy, _>(StackBlock::region(stack), entry) }
         .unwrap_or_else(|| panic!("ct-worker: the job does not fit on a thread stack"))
 }
-
-/// A raw pointer moved into a new thread's entry closure.
-struct SendPtr<T>(*const T);
 
 /// Waits until `task` has finished and takes its result.
 ///

@@ -337,7 +337,10 @@ fn run_loop<C: Config>(w: &Worker<C>) {
     let shared = &*w.shared;
     let mut idle_rounds = 0u32;
     loop {
-        if let Some(t) = w.find_work(idle_rounds >= IDLE_SPINS) {
+        // Other workers' inboxes: once idle for a while, and always when
+        // shutting down (their owners may have exited already).
+        let take_inboxes = idle_rounds >= IDLE_SPINS || shared.shutdown.load(Ordering::Relaxed);
+        if let Some(t) = w.find_work(take_inboxes) {
             if idle_rounds != 0 {
                 shared.aspect.idle_end(w.index);
                 idle_rounds = 0;
