@@ -19,7 +19,11 @@
 //!   hands control straight to a waiting joiner.
 //! - **Suspended threads** ([`SuspendedThread`]): the slot every blocking
 //!   construct of the higher crates (mutexes, condition variables,
-//!   delegators, DSM waits) is built on.
+//!   delegators, DSM waits) is built on. `notify` makes the woken thread
+//!   runnable on the waker's worker; [`SuspendedThread::notify_home`] sends
+//!   it back to the worker it parked on, through that worker's inbox (idle
+//!   workers take inboxes only after idling a while), which keeps a
+//!   barrier's waiters from all being stolen and migrated every episode.
 //! - **Per-worker pools** of stacks and descriptors that return memory to the
 //!   worker that allocated it.
 //! - **Aspects** ([`Aspect`]): zero-cost by default; [`StatsConfig`] counts
