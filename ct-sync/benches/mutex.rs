@@ -1,14 +1,16 @@
 //! `mutex`: 50 threads each do 200,000 × {lock; counter += 1; unlock}
 //! (Endo 2020 §5.4.2), with all threads on one mutex or spread over 50.
-//! ct-sync's MCS mutex on user-level threads with 1 and 2 workers; baselines
-//! in the same run: `std::sync::Mutex` and `parking_lot::Mutex` with 50 OS
-//! threads, and ct-sync's mutex on 50 OS threads. Output: JSON lines, seconds.
+//! ct-sync's `Mutex` (barging protocol, `impl` `ct-sync`) and `FairMutex`
+//! (MCS hand-off, `ct-sync-fair`) on user-level threads with 1 and 2
+//! workers; baselines in the same run: `std::sync::Mutex` and
+//! `parking_lot::Mutex` with 50 OS threads, and ct-sync's mutex on 50 OS
+//! threads. Output: JSON lines, seconds.
 
 use std::sync::Arc;
 
 use ct_bench::{Args, Param, emit, repeat, time_secs};
-use ct_sync::Mutex;
-use ct_worker::{OsThreads, Runtime};
+use ct_sync::{Mutex, RawFairMutex, RawLock, RawMutex};
+use ct_worker::{OsThreads, Runtime, Ult};
 
 fn check(total: u64, expect: u64) {
     if total != expect {
@@ -19,8 +21,14 @@ fn check(total: u64, expect: u64) {
 
 /// Runs `threads` workers of `iters` increments over `mutexes` locks, each
 /// thread using lock `t % mutexes`, with `spawn`/`join` from the given API.
-fn ct_run(rt: &Runtime, threads: usize, iters: u64, mutexes: usize) -> f64 {
-    let locks: Arc<Vec<Mutex<u64>>> = Arc::new((0..mutexes).map(|_| Mutex::new(0)).collect());
+fn ct_run<R: RawLock<Ult> + 'static>(
+    rt: &Runtime,
+    threads: usize,
+    iters: u64,
+    mutexes: usize,
+) -> f64 {
+    let locks: Arc<Vec<Mutex<u64, Ult, R>>> =
+        Arc::new((0..mutexes).map(|_| Mutex::new_in(0)).collect());
     let t = time_secs(|| {
         rt.block_on(|| {
             let hs: Vec<_> = (0..threads)
@@ -108,8 +116,11 @@ fn main() {
         for &w in &workers {
             eprintln!("ct-sync mutex: {m} mutexes, {w} workers...");
             let rt = Runtime::builder().workers(w).build().expect("runtime");
-            let s = repeat(runs, || ct_run(&rt, threads, iters, m));
+            let s = repeat(runs, || ct_run::<RawMutex>(&rt, threads, iters, m));
             emit("ct-sync", "mutex", "ct-sync", &params(w), "s", &s);
+            eprintln!("ct-sync fair mutex: {m} mutexes, {w} workers...");
+            let s = repeat(runs, || ct_run::<RawFairMutex>(&rt, threads, iters, m));
+            emit("ct-sync", "mutex", "ct-sync-fair", &params(w), "s", &s);
         }
         if !baselines {
             continue;
