@@ -120,13 +120,15 @@ mod tests {
     use crate::sync::ProtocolCell;
     use crate::{Barrier, RawFairMutex, RawLock, RawMutex};
 
-    /// Two threads take the mutex in turn: the protected counter is updated
-    /// without a data race (loom checks causality) and the lock ends free.
-    fn mutex_two_threads<R: RawLock<LoomItf> + 'static>() {
-        model(3, || {
+    /// `threads` threads take the mutex in turn (preemption bound `bound`):
+    /// the protected counter is updated without a data race (loom checks
+    /// causality) and the lock ends free. With three threads and the barging
+    /// protocol, a woken waiter that loses asks for and gets a hand-off.
+    fn mutex_threads<R: RawLock<LoomItf> + 'static>(threads: u32, bound: usize) {
+        model(bound, move || {
             let m = Arc::new(R::unlocked());
             let counter = Arc::new(ProtocolCell::new(0u32));
-            let ths: Vec<_> = (0..2)
+            let ths: Vec<_> = (0..threads)
                 .map(|_| {
                     let (m, counter) = (m.clone(), counter.clone());
                     thread::spawn(move || {
@@ -142,48 +144,21 @@ mod tests {
                 t.join().unwrap();
             }
             // SAFETY: all threads joined.
-            assert_eq!(unsafe { counter.with_mut(|c| *c) }, 2);
+            assert_eq!(unsafe { counter.with_mut(|c| *c) }, threads);
             assert!(!m.is_locked());
         });
     }
 
     #[test]
     fn loom_mutex_handoff() {
-        mutex_two_threads::<RawMutex<LoomItf>>();
-        mutex_two_threads::<RawFairMutex<LoomItf>>();
-    }
-
-    /// Three threads with a smaller preemption bound (with the barging
-    /// protocol, a woken waiter that loses asks for and gets a hand-off).
-    fn mutex_three_threads<R: RawLock<LoomItf> + 'static>() {
-        model(1, || {
-            let m = Arc::new(R::unlocked());
-            let counter = Arc::new(ProtocolCell::new(0u32));
-            let ths: Vec<_> = (0..3)
-                .map(|_| {
-                    let (m, counter) = (m.clone(), counter.clone());
-                    thread::spawn(move || {
-                        m.lock();
-                        // SAFETY: the mutex is held.
-                        unsafe { counter.with_mut(|c| *c += 1) };
-                        // SAFETY: locked above.
-                        unsafe { m.unlock() };
-                    })
-                })
-                .collect();
-            for t in ths {
-                t.join().unwrap();
-            }
-            // SAFETY: all threads joined.
-            assert_eq!(unsafe { counter.with_mut(|c| *c) }, 3);
-            assert!(!m.is_locked());
-        });
+        mutex_threads::<RawMutex<LoomItf>>(2, 3);
+        mutex_threads::<RawFairMutex<LoomItf>>(2, 3);
     }
 
     #[test]
     fn loom_mutex_three_threads() {
-        mutex_three_threads::<RawMutex<LoomItf>>();
-        mutex_three_threads::<RawFairMutex<LoomItf>>();
+        mutex_threads::<RawMutex<LoomItf>>(3, 1);
+        mutex_threads::<RawFairMutex<LoomItf>>(3, 1);
     }
 
     /// `unlock_and_wait` vs a waker that takes the lock: when the waker holds

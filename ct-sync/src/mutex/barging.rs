@@ -373,23 +373,38 @@ impl<U: UltItf> RawMutex<U> {
         }
     }
 
+    /// Takes the first waiter off the queue, keeping `flags` in step: clears
+    /// `PARKED` and `FAIR` if the queue is now empty, else `also_clear`. The
+    /// caller wakes the waiter (after the queue lock is released here) and
+    /// does not touch it afterwards.
+    fn dequeue_first(&self, also_clear: u8) -> Option<NonNull<Waiter<U>>> {
+        let mut q = self.queue.lock();
+        // SAFETY: queued waiters are alive until woken, which the caller
+        // does after this returns.
+        let w = unsafe { q.pop_front() };
+        let clear = if q.is_empty() {
+            PARKED | FAIR
+        } else {
+            also_clear
+        };
+        if clear != 0 {
+            self.flags.fetch_and(!clear, Ordering::Relaxed);
+        }
+        w
+    }
+
     /// Hands the lock (still held) to the first waiter. `false` if nobody
     /// waits.
     #[cold]
     fn hand_off(&self) -> bool {
-        let mut q = self.queue.lock();
-        // SAFETY: we take the waiter off the queue, then wake it after the
-        // queue lock is released, not touching it afterwards.
-        let Some(w) = (unsafe { q.pop_front() }) else {
-            self.flags.fetch_and(!FAIR, Ordering::Relaxed);
-            return false;
-        };
-        let clear = if q.is_empty() { PARKED | FAIR } else { FAIR };
-        self.flags.fetch_and(!clear, Ordering::Relaxed);
-        drop(q);
-        // SAFETY: dequeued above.
-        unsafe { wake(w, HANDED_OFF) };
-        true
+        match self.dequeue_first(FAIR) {
+            // SAFETY: dequeued just now.
+            Some(w) => unsafe {
+                wake(w, HANDED_OFF);
+                true
+            },
+            None => false,
+        }
     }
 
     /// Wakes the first waiter after a release, unless another woken waiter
@@ -412,14 +427,7 @@ impl<U: UltItf> RawMutex<U> {
                 Err(now) => f = now,
             }
         }
-        let mut q = self.queue.lock();
-        // SAFETY: as in `hand_off`.
-        let w = unsafe { q.pop_front() };
-        if q.is_empty() {
-            self.flags.fetch_and(!(PARKED | FAIR), Ordering::Relaxed);
-        }
-        drop(q);
-        match w {
+        match self.dequeue_first(0) {
             // SAFETY: dequeued above. The woken thread clears WAKING.
             Some(w) => unsafe { wake(w, WOKEN) },
             None => {
