@@ -22,8 +22,8 @@
 //!
 //! # Layers
 //!
-//! - [`ContextPolicy`]: the primitives, per architecture — [`X86_64`] (naked
-//!   functions), [`X86_64Fpu`] (also saves MXCSR and the x87 control word) and
+//! - [`ContextPolicy`]: the primitives, per architecture — [`X86_64`] (switches
+//!   inlined as assembly at each call site), [`X86_64Fpu`] (also saves MXCSR and the x87 control word) and
 //!   [`Portable`] (on `corosensei`, for every architecture it supports).
 //! - [`Context`] and the closure wrappers [`swap_with`], [`save_with`],
 //!   [`cond_swap_with`], [`restore_with`], [`make_context_with`]: unsafe but

@@ -436,6 +436,101 @@ fn backtrace_reaches_entry<P: ContextPolicy>() {
     );
 }
 
+/// Backtraces taken inside the ontop function of every primitive end cleanly:
+/// they contain the capturing frame and no frame the unwinder could not
+/// resolve (an unwinder that walks on from the switch with the wrong stack
+/// pointer reads garbage return addresses, or crashes). Work-first thread
+/// creation runs a whole child thread inside `save_context`'s function, so
+/// this is what every panic message and backtrace in such a thread does.
+fn backtrace_in_ontop_functions<P: ContextPolicy>() {
+    type Seen = std::sync::Mutex<Vec<(&'static str, String)>>;
+    #[inline(never)]
+    fn record(seen: usize, what: &'static str) {
+        let bt = black_box(std::backtrace::Backtrace::force_capture().to_string());
+        // SAFETY: `seen` is the address of the test's `Seen`, which outlives
+        // every context of the test.
+        let seen = unsafe { &*(seen as *const Seen) };
+        seen.lock().unwrap().push((what, bt));
+    }
+    let seen = Seen::new(Vec::new());
+    let sa = &seen as *const Seen as usize;
+
+    let st = stack();
+    // SAFETY: the function returns, and nobody else resumes the saved context.
+    let r = unsafe {
+        save_with::<P, _>(st.region(), move |_parent| {
+            record(sa, "save_context");
+            7
+        })
+    };
+    assert_eq!(r, 7);
+
+    let main = Slot::<P>::new();
+    let child = Slot::<P>::new();
+    let (ma, ca) = (main.addr(), child.addr());
+    // SAFETY: the stack outlives the context, which ends by restoring main.
+    let ctx = unsafe {
+        make_context_with::<P, _>(st.region(), move |_| -> Infallible {
+            let main = Slot::<P>::at(ma).take();
+            let raw = main.as_raw();
+            let v = cond_swap_with(main, move |_me| {
+                record(sa, "cond_swap_context cancelled");
+                CondResult::cancel(5)
+            });
+            assert_eq!(v, 5);
+            let main = Context::<P>::from_raw(raw);
+            cond_swap_with(main, move |me| {
+                Slot::<P>::at(ca).put(me);
+                record(sa, "cond_swap_context");
+                CondResult::proceed(1)
+            });
+            restore_with(Slot::<P>::at(ma).take(), move || {
+                record(sa, "restore_context");
+                3
+            })
+        })
+    }
+    .unwrap();
+    // SAFETY: the slots resume every stored context exactly once.
+    unsafe {
+        let v = swap_with(ctx, move |me| {
+            Slot::<P>::at(ma).put(me);
+            record(sa, "swap_context");
+            0
+        });
+        assert_eq!(v, 1);
+        let v = swap_with(child.take(), move |me| {
+            Slot::<P>::at(ma).put(me);
+            record(sa, "swap_context again");
+            0
+        });
+        assert_eq!(v, 3);
+    }
+    let seen = seen.into_inner().unwrap();
+    let names: Vec<&str> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(
+        names,
+        [
+            "save_context",
+            "swap_context",
+            "cond_swap_context cancelled",
+            "cond_swap_context",
+            "swap_context again",
+            "restore_context"
+        ]
+    );
+    for (what, bt) in &seen {
+        assert!(
+            bt.contains("record"),
+            "{what}: backtrace lacks the capturing frame:\n{bt}"
+        );
+        assert!(
+            !bt.contains("<unknown>"),
+            "{what}: backtrace walked into garbage:\n{bt}"
+        );
+    }
+}
+
 /// Contexts on caller-provided memory (here a heap buffer, as the DSM will use
 /// a segment).
 fn raw_stack<P: ContextPolicy>() {
@@ -737,6 +832,10 @@ macro_rules! suite {
             #[test]
             fn backtrace_reaches_entry() {
                 super::backtrace_reaches_entry::<P>();
+            }
+            #[test]
+            fn backtrace_in_ontop_functions() {
+                super::backtrace_in_ontop_functions::<P>();
             }
             #[test]
             fn raw_stack() {
