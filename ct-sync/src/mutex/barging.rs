@@ -11,7 +11,11 @@
 //! waiter's re-read sees the lock free (and the waiter does not park). An
 //! uncontended lock/unlock therefore costs one atomic read-modify-write,
 //! where a queue lock costs two. Without `membarrier` both sides use full
-//! fences.
+//! fences. The heavy fence is a system call that interrupts the other
+//! workers, so only the first waiter of a burst pays for it: once one
+//! waiter's fence has completed while the queue stayed non-empty, later
+//! waiters rely on it (the argument is at the fence in `park`) until the
+//! queue empties again.
 //!
 //! **Waiting.** A waiter that finds the lock held (after a short spin when
 //! there is more than one worker) parks in a node on its own stack, queued
@@ -97,6 +101,12 @@ struct Waiter<U: UltItf> {
 struct WaitQueue<U: UltItf> {
     head: *const Waiter<U>,
     tail: *const Waiter<U>,
+    /// A parker's heavy fence has completed since the queue last became
+    /// non-empty (so `PARKED` has been set continuously since before it).
+    /// Later parkers skip their own fence; see [`RawMutex::park`].
+    fenced: bool,
+    /// Counts the times the queue became empty (and `fenced` was reset).
+    epoch: u32,
 }
 
 // SAFETY: the queue only holds pointers to waiters, which are parked (or
@@ -109,6 +119,8 @@ impl<U: UltItf> WaitQueue<U> {
         WaitQueue {
             head: ptr::null(),
             tail: ptr::null(),
+            fenced: false,
+            epoch: 0,
         }
     }
 
@@ -117,11 +129,20 @@ impl<U: UltItf> WaitQueue<U> {
         WaitQueue {
             head: ptr::null(),
             tail: ptr::null(),
+            fenced: false,
+            epoch: 0,
         }
     }
 
     fn is_empty(&self) -> bool {
         self.head.is_null()
+    }
+
+    /// Records that the queue became empty (the caller clears `PARKED`): a
+    /// fence from before does not cover the next parker.
+    fn emptied(&mut self) {
+        self.fenced = false;
+        self.epoch = self.epoch.wrapping_add(1);
     }
 
     /// # Safety (for all the link operations)
@@ -334,7 +355,7 @@ impl<U: UltItf> RawMutex<U> {
         // dequeues us earlier only flips `state`), and after that CAS the
         // function returns without touching memory.
         w.slot.wait_with(move || {
-            {
+            let (fenced, epoch) = {
                 let mut q = self.queue.lock();
                 // SAFETY: `w` lives on our stack until we are woken or have
                 // taken it back out of the queue; it is not queued now.
@@ -348,19 +369,37 @@ impl<U: UltItf> RawMutex<U> {
                 if self.flags.load(Ordering::Relaxed) & parked_flags != parked_flags {
                     self.flags.fetch_or(parked_flags, Ordering::Relaxed);
                 }
-            }
+                (q.fenced, q.epoch)
+            };
             // Dekker with `unlock`: our PARKED store vs its `locked` store.
-            heavy_fence();
+            // Skipped when an earlier parker's fence completed while PARKED
+            // stayed set: every unlock that loads `flags` after that fence
+            // sees PARKED and wakes the queue's head, and one that loaded
+            // before it had released `locked` before it, so that parker's
+            // re-check saw the lock free, and it took itself out and went
+            // back to take the lock — and a release after that sees PARKED.
+            // Either way somebody keeps waking the queue in order.
+            if !fenced {
+                heavy_fence();
+            }
             if self.locked.load(Ordering::Relaxed) == 0 {
                 let mut q = self.queue.lock();
                 // SAFETY: `w` is alive; we only unlink it.
                 if unsafe { q.remove(w) } {
                     if q.is_empty() {
                         self.flags.fetch_and(!(PARKED | FAIR), Ordering::Relaxed);
+                        q.emptied();
                     }
                     return false;
                 }
                 // A waker already took us: let it finish the wake-up.
+            } else if !fenced {
+                let mut q = self.queue.lock();
+                // The queue has not been empty since we joined it, so PARKED
+                // has been set since before our fence.
+                if q.epoch == epoch {
+                    q.fenced = true;
+                }
             }
             w.state
                 .compare_exchange(ARRIVING, ASLEEP, Ordering::Release, Ordering::Relaxed)
@@ -383,6 +422,7 @@ impl<U: UltItf> RawMutex<U> {
         // does after this returns.
         let w = unsafe { q.pop_front() };
         let clear = if q.is_empty() {
+            q.emptied();
             PARKED | FAIR
         } else {
             also_clear
