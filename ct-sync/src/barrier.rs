@@ -2,7 +2,11 @@
 //!
 //! Arrival is one `fetch_add` on a counter; arrival number `i` parks in slot
 //! `i`, so waiters never contend on a shared wait list. The last arriver
-//! flips the generation and wakes slots `0..n-1` in turn. Counters and slots
+//! flips the generation and wakes slots `0..n-1` in turn, each thread on the
+//! worker it parked on, the threads of each other worker pushed to that
+//! worker's inbox in one batch
+//! ([`notify_home_each`](ct_worker::SuspendedThreadItf::notify_home_each)).
+//! Counters and slots
 //! are double-buffered by generation parity ("sense reversal"): threads
 //! released from generation `g` may arrive at `g + 1` while the last arriver
 //! of `g` is still waking others, without touching `g`'s slots.
@@ -15,7 +19,7 @@
 use crossbeam_utils::CachePadded;
 use ct_worker::{SuspendedThreadItf, Ult, UltItf};
 
-use crate::sync::{AtomicUsize, Backoff, Ordering};
+use crate::sync::{AtomicUsize, Ordering};
 
 /// Result of [`Barrier::wait`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,13 +130,9 @@ impl<U: UltItf> Barrier<U> {
         // arrival and its parking can block).
         self.arrived[parity].store(0, Ordering::Relaxed);
         self.generation.store(g.wrapping_add(1), Ordering::Release);
-        for slot in self.slots[parity].iter() {
-            let mut backoff = Backoff::new();
-            // Each goes back to the worker it parked on (no stealing storm).
-            while !slot.notify_home() {
-                backoff.snooze(std::thread::yield_now);
-            }
-        }
+        // Each goes back to the worker it parked on (no stealing storm), in
+        // one batch per worker.
+        U::SuspendedThread::notify_home_each(self.slots[parity].iter().map(|s| &**s));
         BarrierWaitResult { leader: true }
     }
 }

@@ -25,6 +25,31 @@ pub trait SuspendedThreadItf: Default + Send + Sync + 'static {
     fn notify_home(&self) -> bool {
         self.notify()
     }
+    /// Wakes the thread parked in each of `slots` with `notify_home`, waiting
+    /// at a slot until a thread has parked in it. Implementations may batch
+    /// the wake-ups (ct-worker's threads go to their workers' inboxes one
+    /// batch per worker).
+    fn notify_home_each<'a>(slots: impl IntoIterator<Item = &'a Self>)
+    where
+        Self: 'a,
+    {
+        for slot in slots {
+            let mut spins = 0u32;
+            while !slot.notify_home() {
+                #[cfg(loom)]
+                loom::thread::yield_now();
+                #[cfg(not(loom))]
+                if spins < 6 {
+                    for _ in 0..1u32 << spins {
+                        core::hint::spin_loop();
+                    }
+                    spins += 1;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
     /// Runs the parked thread now if the implementation can switch to it
     /// (otherwise like `notify`). Returns whether one was parked.
     fn enter(&self) -> bool;
@@ -77,6 +102,12 @@ impl<C: Config> SuspendedThreadItf for SuspendedThread<C> {
     }
     fn notify_home(&self) -> bool {
         SuspendedThread::notify_home(self)
+    }
+    fn notify_home_each<'a>(slots: impl IntoIterator<Item = &'a Self>)
+    where
+        Self: 'a,
+    {
+        SuspendedThread::notify_home_each(slots)
     }
     fn enter(&self) -> bool {
         SuspendedThread::enter(self)

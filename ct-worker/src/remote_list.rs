@@ -44,13 +44,26 @@ impl<T: Linked> RemoteList<T> {
     ///
     /// `item` must be valid and owned by the caller, and not be in any list.
     pub(crate) unsafe fn push(&self, item: *mut T) {
+        // SAFETY: a chain of one item; forwarded contract.
+        unsafe { self.push_chain(item, item) }
+    }
+
+    /// Pushes the chain `first ..= last` (linked through their link fields;
+    /// `last`'s link is overwritten) with one atomic operation; ownership of
+    /// every item passes to the list.
+    ///
+    /// # Safety
+    ///
+    /// Every item of the chain must be valid, owned by the caller and in no
+    /// list, and following the links from `first` must reach `last`.
+    pub(crate) unsafe fn push_chain(&self, first: *mut T, last: *mut T) {
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
-            // SAFETY: we own `item` until the CAS publishes it.
-            unsafe { *T::link(item) = head };
+            // SAFETY: we own the chain until the CAS publishes it.
+            unsafe { *T::link(last) = head };
             match self
                 .head
-                .compare_exchange_weak(head, item, Ordering::Release, Ordering::Relaxed)
+                .compare_exchange_weak(head, first, Ordering::Release, Ordering::Relaxed)
             {
                 Ok(_) => return,
                 Err(h) => head = h,

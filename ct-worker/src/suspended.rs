@@ -214,6 +214,67 @@ impl<C: Config> SuspendedThread<C> {
         }
     }
 
+    /// Wakes the thread parked in each of `slots` in turn, like
+    /// [`SuspendedThread::notify_home`], waiting at a slot until a thread has
+    /// parked in it (for a barrier's last arriver, whose fellow waiters have
+    /// arrived but may still be on their way to parking). Called on a
+    /// worker, it pushes the threads for each other worker to that worker's
+    /// inbox with one atomic operation (and one wake-up check), instead of
+    /// one per thread: the inbox's cache line crosses cores once per batch;
+    /// the caller's own threads go onto its deque last, so that idle workers
+    /// find their own threads before they would steal the caller's.
+    ///
+    /// The wait at an empty slot spins (and yields the OS thread), so every
+    /// slot's thread must already be on its way to parking without needing
+    /// the caller's worker: on one worker, a thread that has not yet run
+    /// would never park.
+    pub fn notify_home_each<'a>(slots: impl IntoIterator<Item = &'a Self>)
+    where
+        C: 'a,
+    {
+        let w = Worker::<C>::current();
+        for slot in slots {
+            let mut spins = 0u32;
+            loop {
+                match slot.take() {
+                    Some(Parked::Ult(t)) => {
+                        match w {
+                            Some(w) if w.shared.id == t.desc().runtime_id.get() => {
+                                w.push_home_batched(t)
+                            }
+                            _ => wake::<C>(Parked::Ult(t)),
+                        }
+                        break;
+                    }
+                    Some(p) => {
+                        wake::<C>(p);
+                        break;
+                    }
+                    None => {
+                        // Not parked yet: let the threads collected so far
+                        // go, then wait (spinning first, then yielding the
+                        // OS thread; the waiter is about to park and cannot
+                        // need this worker).
+                        if let Some(w) = w {
+                            w.flush_home();
+                        }
+                        if spins < 6 {
+                            for _ in 0..1u32 << spins {
+                                core::hint::spin_loop();
+                            }
+                            spins += 1;
+                        } else {
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(w) = w {
+            w.flush_home();
+        }
+    }
+
     /// Switches to the parked thread *now*; the caller becomes runnable on
     /// its worker's deque (and may be stolen). Outside a user-level thread this
     /// is [`SuspendedThread::notify`]. Returns whether a thread was parked.

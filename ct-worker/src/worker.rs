@@ -26,6 +26,7 @@ use crate::config::Config;
 use crate::deque::WorkerDeque;
 use crate::local::LocalMap;
 use crate::pool::{LocalPool, PoolItem, StackBlock};
+use crate::remote_list::Linked;
 use crate::rng::Rng;
 use crate::runtime::Shared;
 use crate::task::{CANCELLED, RESUMED, TaskDesc, TaskRef};
@@ -92,7 +93,13 @@ pub(crate) struct Worker<C: Config> {
     rng: Rng,
     descs: UnsafeCell<LocalPool<TaskDesc<C>>>,
     stacks: UnsafeCell<LocalPool<StackBlock>>,
+    /// Per other worker, a chain (first, last) of woken threads collected by
+    /// [`Worker::push_home_batched`] and not yet pushed to its inbox.
+    home_chains: UnsafeCell<Box<[Chain<C>]>>,
 }
+
+/// A chain of thread descriptors linked through their link fields: (first, last).
+type Chain<C> = (*mut TaskDesc<C>, *mut TaskDesc<C>);
 
 unsafe fn locals_of<C: Config>(b: *const WorkerBase) -> Option<LocalsCell> {
     // SAFETY: `b` heads a `Worker<C>` (the function is stored per config).
@@ -117,6 +124,9 @@ impl<C: Config> Worker<C> {
             rng: Rng::new(index as u64 ^ (shared.id as u64) << 32),
             descs: UnsafeCell::new(LocalPool::new()),
             stacks: UnsafeCell::new(LocalPool::new()),
+            home_chains: UnsafeCell::new(
+                vec![(ptr::null_mut(), ptr::null_mut()); shared.workers].into_boxed_slice(),
+            ),
             shared,
         }
     }
@@ -329,6 +339,75 @@ impl<C: Config> Worker<C> {
             // SAFETY: we own the thread's wake-up and hand it to the inbox.
             unsafe { self.shared.inboxes[home].push(t.ptr().as_ptr()) };
             self.shared.sleep.wake_worker(home);
+        }
+    }
+
+    /// Like [`Worker::push_home`], but collects the thread in a chain per
+    /// worker, made runnable by [`Worker::flush_home`]: one atomic operation
+    /// and one wake-up check per other worker instead of one per thread (what
+    /// a barrier's last arriver needs). The caller must call `flush_home`
+    /// before it switches or returns to user code.
+    pub(crate) fn push_home_batched(&self, t: TaskRef<C>) {
+        let home = t.desc().home.get();
+        let home = if home < self.shared.workers {
+            home
+        } else {
+            self.index
+        };
+        let item = t.ptr().as_ptr();
+        // SAFETY: the chains are only touched by this worker's OS thread, in
+        // this function and `flush_home`, neither of which runs other code
+        // in between; we own `item`'s wake-up, so its link field is ours.
+        unsafe {
+            let (first, last) = &mut (*self.home_chains.get())[home];
+            if home == self.index {
+                // Our own threads: appended, to keep the order of `push`.
+                *<TaskDesc<C> as Linked>::link(item) = ptr::null_mut();
+                if first.is_null() {
+                    *first = item;
+                } else {
+                    *<TaskDesc<C> as Linked>::link(*last) = item;
+                }
+                *last = item;
+            } else {
+                // Another worker's: prepended, so that the inbox (a stack)
+                // ends up as if they had been pushed one by one.
+                *<TaskDesc<C> as Linked>::link(item) = *first;
+                if first.is_null() {
+                    *last = item;
+                }
+                *first = item;
+            }
+        }
+    }
+
+    /// Makes the threads collected by [`Worker::push_home_batched`]
+    /// runnable: first the other workers' (pushed to their inboxes, waking
+    /// those workers if they sleep), then this worker's own (onto its deque),
+    /// so that an idle worker finds its own threads in its inbox before it
+    /// would steal ours.
+    pub(crate) fn flush_home(&self) {
+        for home in (0..self.shared.workers).filter(|&h| h != self.index) {
+            // SAFETY: as in `push_home_batched`.
+            let (first, last) = unsafe { &mut (*self.home_chains.get())[home] };
+            if first.is_null() {
+                continue;
+            }
+            // SAFETY: the chain runs from `first` to `last` through the
+            // threads' links, and we own every thread in it.
+            unsafe { self.shared.inboxes[home].push_chain(*first, *last) };
+            *first = ptr::null_mut();
+            *last = ptr::null_mut();
+            self.shared.sleep.wake_worker(home);
+        }
+        // SAFETY: as in `push_home_batched`.
+        let (first, last) = unsafe { &mut (*self.home_chains.get())[self.index] };
+        let chain = core::mem::replace(first, ptr::null_mut());
+        *last = ptr::null_mut();
+        for d in crate::remote_list::drain(chain) {
+            // SAFETY: chained by `push_home_batched`: suspended threads
+            // whose wake-up we own.
+            self.push(TaskRef::new(unsafe { NonNull::new_unchecked(d) }));
         }
     }
 

@@ -272,6 +272,59 @@ fn notify_home_never_strands_a_thread_behind_a_busy_worker() {
     });
 }
 
+/// `notify_home_each` wakes the thread of every slot exactly once, waiting
+/// at slots whose thread has arrived but not parked yet (as a barrier's last
+/// arriver does), from a user-level thread (the batched path: one chain per
+/// worker) and from a plain OS thread. A thread lost from a chain or a slot
+/// skipped hangs the test.
+#[test]
+fn notify_home_each_wakes_every_slot_even_before_it_parks() {
+    const N: usize = 64;
+    with_timeout(120, || {
+        for workers in [1, 2, 4] {
+            let rt = rt(workers);
+            for round in 0..30 {
+                let slots: Arc<Vec<SuspendedThread>> =
+                    Arc::new((0..N).map(|_| SuspendedThread::new()).collect());
+                let arrived = Arc::new(AtomicUsize::new(0));
+                let woken = Arc::new(AtomicUsize::new(0));
+                let from_os_thread = round % 3 == 2;
+                rt.block_on(|| {
+                    let hs: Vec<_> = (0..N)
+                        .map(|i| {
+                            let (slots, arrived, woken) =
+                                (slots.clone(), arrived.clone(), woken.clone());
+                            ct_worker::spawn(move || {
+                                // Nothing between arriving and parking needs
+                                // another thread (the method's precondition).
+                                arrived.fetch_add(1, Ordering::SeqCst);
+                                slots[i].wait();
+                                woken.fetch_add(1, Ordering::SeqCst);
+                            })
+                        })
+                        .collect();
+                    while arrived.load(Ordering::SeqCst) < N {
+                        ct_worker::yield_now();
+                    }
+                    if from_os_thread {
+                        let slots = slots.clone();
+                        std::thread::spawn(move || SuspendedThread::notify_home_each(slots.iter()))
+                            .join()
+                            .unwrap();
+                    } else {
+                        SuspendedThread::notify_home_each(slots.iter());
+                    }
+                    for h in hs {
+                        h.join();
+                    }
+                });
+                assert_eq!(woken.load(Ordering::SeqCst), N);
+                assert!(slots.iter().all(|s| s.is_empty()));
+            }
+        }
+    });
+}
+
 #[test]
 fn panics_propagate_to_the_joiner() {
     with_timeout(60, || {
