@@ -3,18 +3,25 @@
 //! ways of sharing the device between requester user-level threads:
 //!
 //! - **direct injection** — requesters lock the device (a ct-sync spinlock)
-//!   and post themselves. Completions are polled under the same lock either by
-//!   a completer OS thread, as in the seed (`direct-completer`), or by the
+//!   and post themselves, one command per lock hold (a requester has one
+//!   command). Completions are polled under the same lock either by a
+//!   completer OS thread, as in the seed (`direct-completer`), or by the
 //!   waiting requesters themselves (`direct-selfpoll`, no extra thread);
-//! - **static offloading** (`static`) — one dedicated OS thread takes commands
-//!   from a bounded lock-free queue (`std::sync::mpsc::sync_channel`), posts
-//!   them and polls completions, always awake;
+//! - **static offloading** (`static`) — one dedicated OS thread takes what is
+//!   in a bounded lock-free queue (`std::sync::mpsc::sync_channel`), up to
+//!   `ct_delegate::offload::BATCH` commands, posts it with one device call,
+//!   and polls completions, always awake;
 //! - **dynamic offloading** (`dynamic`) — `ct_delegate::Offloader`: the
-//!   executor and completer are user-level threads spawned on demand.
+//!   executor and completer are user-level threads spawned on demand; the
+//!   executor posts up to a batch of commands per device call.
 //!
-//! The device is emulated: `post` and `poll` each busy-wait a fixed time
-//! (300 ns by default), a command becomes pollable a fixed latency after its
-//! post, and an "in use" flag aborts the process if `post`/`poll` ever
+//! The device is emulated with the cost model of a doorbell-batched NIC
+//! (`ibv_post_send` with a chain of work requests, `ibv_poll_cq` for up to
+//! `n` completions): a device call busy-waits a fixed time (300 ns by
+//! default for `post` and `poll`) plus a small time for each command beyond
+//! the first that it posts or reports (20 ns by default). Every method polls
+//! with batched calls. A command becomes pollable a fixed latency after its
+//! post, and an "in use" flag aborts the process if device calls ever
 //! overlap. Every run checks that each command was posted and completed once
 //! and that each callback ran once.
 //!
@@ -32,28 +39,37 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ct_bench::{Args, Param, Stats, emit};
-use ct_delegate::{Callback, Device, Offloader, Tag};
+use ct_delegate::offload::BATCH;
+use ct_delegate::{Callback, Device, Offloader, PostBatch, Tag};
 use ct_sync::SpinLock;
 use ct_worker::Runtime;
 
 const HELP: &str = "\
 offload [--requesters 1,2,4,8] [--workers 1,2] [--runs 7] [--run-ms 25]
-        [--batch 256] [--post-ns 300] [--poll-ns 300] [--latency-ns 2000]
-        [--depth 4096] [--queue 1024] [--metrics latency,rate]
+        [--batch 256] [--post-ns 300] [--post-item-ns 20] [--poll-ns 300]
+        [--poll-item-ns 20] [--latency-ns 2000] [--depth 4096] [--queue 1024]
+        [--metrics latency,rate]
         [--methods direct-completer,direct-selfpoll,static,dynamic] [--quick]
 
 Requests from N requester user-level threads to an emulated non-thread-safe
-device (post and poll busy-wait --post-ns / --poll-ns; a command completes
---latency-ns after its post; at most --depth commands in flight), on a
-ct-worker runtime with 1 and 2 workers. Methods, interleaved run by run:
-  direct-completer  requesters post under a spinlock; a completer OS thread
-                    polls under it (the seed's direct injection);
+device, on a ct-worker runtime with 1 and 2 workers. The device's cost model
+is a doorbell-batched NIC's: a post call busy-waits --post-ns plus
+--post-item-ns per command beyond the first that it posts (a full device
+refuses at once); a poll call busy-waits --poll-ns plus --poll-item-ns per
+completion beyond the first that it reports; a command completes --latency-ns
+after its post; at most --depth commands in flight. Methods, interleaved run
+by run (all poll with batched calls, up to 32 completions per call):
+  direct-completer  requesters post, one command per call, under a spinlock;
+                    a completer OS thread polls under it (the seed's direct
+                    injection);
   direct-selfpoll   requesters post, and poll while they wait, under the
                     spinlock (no extra thread);
-  static            a dedicated, always-awake OS thread takes commands from a
-                    bounded queue (--queue), posts them and polls;
+  static            a dedicated, always-awake OS thread takes what is in a
+                    bounded queue (--queue), up to 32 commands, posts it with
+                    one call, and polls;
   dynamic           ct_delegate::Offloader (command queue of --queue entries):
-                    executor and completer ULTs spawned on demand.
+                    executor and completer ULTs spawned on demand; the
+                    executor posts up to 32 queued commands per call.
 Metrics (each run lasts --run-ms, plus the wait for outstanding requests):
   latency, overhead  Listing 4.6: each requester submits one request and waits
                      for its callback, repeatedly; ns per request from submit to
@@ -71,10 +87,14 @@ direct injection.";
 /// Parameters of the emulated device.
 #[derive(Debug, Clone, Copy)]
 struct DevParams {
-    /// Busy time of one `post`.
+    /// Busy time of one post call.
     post: Duration,
-    /// Busy time of one `poll`.
+    /// Extra busy time of a post call per command beyond the first.
+    post_item: Duration,
+    /// Busy time of one poll call.
     poll: Duration,
+    /// Extra busy time of a poll call per completion beyond the first.
+    poll_item: Duration,
     /// Time from a post until the command can be polled as complete.
     latency: Duration,
     /// Commands in flight at most; `post` refuses beyond.
@@ -89,16 +109,18 @@ fn busy(d: Duration) {
     }
 }
 
-/// An emulated device whose `post` and `poll` must never run concurrently.
+/// An emulated device whose calls must never run concurrently.
 struct EmuDevice {
     p: DevParams,
-    /// Set while `post` or `poll` runs; an overlap aborts the process.
+    /// Set while a device call runs; an overlap aborts the process.
     in_use: AtomicBool,
     /// Posted commands in post order, with the instant they complete.
     pending: VecDeque<(Tag, Instant)>,
     posted: u64,
     completed: u64,
-    /// Calls of `poll`, successful or not.
+    /// Post calls that posted something (single or batched).
+    post_calls: u64,
+    /// Poll calls (single or batched), successful or not.
     polls: u64,
     /// Wrapping sum of the posted command values (a checksum).
     sum: u64,
@@ -112,6 +134,7 @@ impl EmuDevice {
             pending: VecDeque::with_capacity(p.depth),
             posted: 0,
             completed: 0,
+            post_calls: 0,
             polls: 0,
             sum: 0,
         }
@@ -127,6 +150,38 @@ impl EmuDevice {
     fn leave(&self) {
         self.in_use.store(false, Ordering::Release);
     }
+
+    /// Extra cost of a call that handles `n` commands or completions.
+    fn extra(item: Duration, n: usize) -> Duration {
+        item * n.saturating_sub(1) as u32
+    }
+
+    fn push(&mut self, cmd: u64, tag: Tag, ready: Instant) {
+        self.pending.push_back((tag, ready));
+        self.posted += 1;
+        self.sum = self.sum.wrapping_add(cmd);
+    }
+
+    /// Pops up to `tags.len()` completed commands (completion is in post
+    /// order: every command has the same latency) after the call's busy
+    /// time, which grows with their number.
+    fn take_completed(&mut self, tags: &mut [Tag]) -> usize {
+        busy(self.p.poll);
+        self.polls += 1;
+        let now = Instant::now();
+        let n = self
+            .pending
+            .iter()
+            .take(tags.len())
+            .take_while(|&&(_, ready)| ready <= now)
+            .count();
+        busy(Self::extra(self.p.poll_item, n));
+        for (t, (tag, _)) in tags.iter_mut().zip(self.pending.drain(..n)) {
+            *t = tag;
+        }
+        self.completed += n as u64;
+        n
+    }
 }
 
 impl Device for EmuDevice {
@@ -139,10 +194,8 @@ impl Device for EmuDevice {
             Err(cmd)
         } else {
             busy(self.p.post);
-            self.pending
-                .push_back((tag, Instant::now() + self.p.latency));
-            self.posted += 1;
-            self.sum = self.sum.wrapping_add(cmd);
+            self.post_calls += 1;
+            self.push(cmd, tag, Instant::now() + self.p.latency);
             Ok(())
         };
         self.leave();
@@ -151,20 +204,41 @@ impl Device for EmuDevice {
 
     fn poll(&mut self) -> Option<Tag> {
         self.enter();
-        busy(self.p.poll);
-        self.polls += 1;
-        let r = match self.pending.front() {
-            Some(&(tag, ready)) if ready <= Instant::now() => {
-                self.pending.pop_front();
-                self.completed += 1;
-                Some(tag)
-            }
-            _ => None,
-        };
+        let mut tag = [0];
+        let n = self.take_completed(&mut tag);
         self.leave();
-        r
+        (n == 1).then_some(tag[0])
+    }
+
+    /// One call: takes what fits in the device and pays the call's cost
+    /// once, plus the per-command cost beyond the first (a chain of work
+    /// requests and one doorbell). A full device refuses at once.
+    fn post_batch(&mut self, batch: &mut PostBatch<'_, u64>) {
+        self.enter();
+        let n = batch.len().min(self.p.depth - self.pending.len());
+        if n > 0 {
+            busy(self.p.post + Self::extra(self.p.post_item, n));
+            self.post_calls += 1;
+            let ready = Instant::now() + self.p.latency;
+            for _ in 0..n {
+                let (cmd, tag) = batch.take().expect("n <= batch.len()");
+                self.push(cmd, tag, ready);
+            }
+        }
+        self.leave();
+    }
+
+    /// One call for up to `tags.len()` completions.
+    fn poll_batch(&mut self, tags: &mut [Tag]) -> usize {
+        self.enter();
+        let n = self.take_completed(tags);
+        self.leave();
+        n
     }
 }
+
+/// Callbacks of the completions one batched poll reports.
+type Completed = [Option<Callback>; BATCH];
 
 /// The device with a tag → callback table, for the methods that drive it
 /// without `Offloader` (direct injection and static offloading).
@@ -185,35 +259,74 @@ impl Tagged {
         }
     }
 
-    /// Posts `cmd`; gives it back with its callback if the device is full.
-    fn post(&mut self, cmd: u64, cb: Callback) -> Result<(), (u64, Callback)> {
+    fn tag(&mut self, cb: Callback) -> Tag {
         let tag = self.free.pop().unwrap_or_else(|| {
             self.callbacks.push(None);
             self.callbacks.len() - 1
         });
+        self.callbacks[tag] = Some(cb);
+        tag
+    }
+
+    /// Posts `cmd` with one device call; gives it back with its callback if
+    /// the device is full.
+    fn post(&mut self, cmd: u64, cb: Callback) -> Result<(), (u64, Callback)> {
+        let tag = self.tag(cb);
         match self.dev.post(cmd, tag) {
             Ok(()) => {
-                self.callbacks[tag] = Some(cb);
                 self.in_flight += 1;
                 Ok(())
             }
             Err(cmd) => {
                 self.free.push(tag);
+                let cb = self.callbacks[tag].take().expect("set above");
                 Err((cmd, cb))
             }
         }
     }
 
-    /// Polls once; returns the callback of a completed command.
-    fn poll(&mut self) -> Option<Callback> {
-        let tag = self.dev.poll()?;
-        self.free.push(tag);
-        self.in_flight -= 1;
-        Some(
-            self.callbacks[tag]
-                .take()
-                .expect("a completed command has a callback"),
-        )
+    /// Adds `cmd` to `staged`, the commands for the next
+    /// [`Tagged::post_staged`].
+    fn stage(&mut self, staged: &mut VecDeque<(u64, Tag)>, cmd: u64, cb: Callback) {
+        let tag = self.tag(cb);
+        staged.push_back((cmd, tag));
+    }
+
+    /// Posts a prefix of `staged` with one device call (what the device does
+    /// not take stays there); returns how many were posted.
+    fn post_staged(&mut self, staged: &mut VecDeque<(u64, Tag)>) -> usize {
+        if staged.is_empty() {
+            return 0;
+        }
+        let mut batch = PostBatch::new(staged);
+        self.dev.post_batch(&mut batch);
+        let n = batch.taken();
+        self.in_flight += n;
+        n
+    }
+
+    /// Polls once (one batched device call); puts the callbacks of the
+    /// completed commands at the front of `done` and returns how many.
+    fn poll(&mut self, done: &mut Completed) -> usize {
+        let mut tags = [0; BATCH];
+        let n = self.dev.poll_batch(&mut tags);
+        for (&tag, cb) in tags[..n].iter().zip(done.iter_mut()) {
+            self.free.push(tag);
+            *cb = Some(
+                self.callbacks[tag]
+                    .take()
+                    .expect("a completed command has a callback"),
+            );
+        }
+        self.in_flight -= n;
+        n
+    }
+}
+
+/// Runs the first `n` callbacks of `done`.
+fn run_callbacks(done: &mut Completed, n: usize) {
+    for cb in &mut done[..n] {
+        (cb.take().expect("filled by a poll"))();
     }
 }
 
@@ -245,6 +358,9 @@ impl Method {
 }
 
 /// The requesters' side of one method.
+// One per run, behind an `Arc`: the direct variant's size costs nothing, and
+// boxing its device would add an indirection to every direct post.
+#[allow(clippy::large_enum_variant)]
 enum Chan {
     Direct {
         dev: SpinLock<Tagged>,
@@ -315,10 +431,11 @@ impl Chan {
         } = self
         {
             // Someone else polling is as good as us polling.
-            let cb = dev.try_lock().and_then(|mut d| d.poll());
-            if let Some(cb) = cb {
-                in_flight.fetch_sub(1, Ordering::Release);
-                cb();
+            let mut done: Completed = [const { None }; BATCH];
+            let n = dev.try_lock().map_or(0, |mut d| d.poll(&mut done));
+            if n > 0 {
+                in_flight.fetch_sub(n, Ordering::Release);
+                run_callbacks(&mut done, n);
                 return;
             }
         }
@@ -332,59 +449,52 @@ fn direct_completer(chan: Arc<Chan>, stop: Arc<AtomicBool>) {
     let Chan::Direct { dev, in_flight, .. } = &*chan else {
         unreachable!()
     };
+    let mut done: Completed = [const { None }; BATCH];
     while !stop.load(Ordering::Acquire) {
         if in_flight.load(Ordering::Acquire) == 0 {
             std::thread::yield_now();
             continue;
         }
-        let cb = dev.lock().poll();
-        match cb {
-            Some(cb) => {
-                in_flight.fetch_sub(1, Ordering::Release);
-                cb();
-            }
-            None => std::thread::yield_now(),
+        let n = dev.lock().poll(&mut done);
+        if n > 0 {
+            in_flight.fetch_sub(n, Ordering::Release);
+            run_callbacks(&mut done, n);
+        } else {
+            std::thread::yield_now();
         }
     }
 }
 
-/// The dedicated OS thread of `static`: posts queued commands, polls
-/// completions and runs callbacks, until `stop` with nothing left in flight.
-/// Returns the device for the final checks.
+/// The dedicated OS thread of `static`: posts what is queued (up to a batch,
+/// with one device call), polls completions and runs callbacks, until `stop`
+/// with nothing left in flight. Returns the device for the final checks.
 fn static_thread(
     dev: EmuDevice,
     rx: mpsc::Receiver<(u64, Callback)>,
     stop: Arc<AtomicBool>,
 ) -> EmuDevice {
     let mut t = Tagged::new(dev);
-    let mut held: Option<(u64, Callback)> = None;
+    let mut done: Completed = [const { None }; BATCH];
+    // Commands taken from the queue and not yet accepted by the device, in
+    // order (their callbacks are in `t`).
+    let mut staged = VecDeque::with_capacity(BATCH);
     loop {
-        let mut progress = false;
-        // Post what is queued (bounded, so that completions keep flowing).
-        for _ in 0..64 {
-            let item = match held.take() {
-                Some(item) => item,
-                None => match rx.try_recv() {
-                    Ok(item) => item,
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                },
-            };
-            match t.post(item.0, item.1) {
-                Ok(()) => progress = true,
-                Err(back) => {
-                    held = Some(back);
-                    break;
-                }
+        // Top the commands the device has not taken yet up to a batch
+        // (bounded, so that completions keep flowing), and post them.
+        while staged.len() < BATCH {
+            match rx.try_recv() {
+                Ok((cmd, cb)) => t.stage(&mut staged, cmd, cb),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
-        if t.in_flight > 0
-            && let Some(cb) = t.poll()
-        {
-            cb();
-            progress = true;
+        let mut progress = t.post_staged(&mut staged) > 0;
+        if t.in_flight > 0 {
+            let n = t.poll(&mut done);
+            run_callbacks(&mut done, n);
+            progress |= n > 0;
         }
         if !progress {
-            if stop.load(Ordering::Acquire) && t.in_flight == 0 && held.is_none() {
+            if stop.load(Ordering::Acquire) && t.in_flight == 0 && staged.is_empty() {
                 return t.dev;
             }
             std::thread::yield_now();
@@ -433,9 +543,9 @@ impl Setup {
 
     /// Stops the helper and checks the device's counters: `expect` commands
     /// posted and completed once each, with command values summing to `sum`.
-    /// Returns the number of `poll` calls and of executors the dynamic
-    /// offloader spawned.
-    fn finish(self, expect: u64, sum: u64) -> (u64, usize) {
+    /// Returns the device's call counts and the number of executors the
+    /// dynamic offloader spawned.
+    fn finish(self, expect: u64, sum: u64) -> (Calls, usize) {
         self.stop.store(true, Ordering::Release);
         let from_helper = self.helper.map(|h| h.join().expect("helper thread"));
         let check = |d: &EmuDevice| {
@@ -446,7 +556,10 @@ impl Setup {
                     d.posted, d.completed, d.sum
                 ));
             }
-            d.polls
+            Calls {
+                posts: d.post_calls,
+                polls: d.polls,
+            }
         };
         match &*self.chan {
             Chan::Direct { dev, .. } => (check(&dev.lock().dev), 0),
@@ -500,6 +613,15 @@ enum Metric {
     Rate,
 }
 
+/// Device calls in one run.
+#[derive(Clone, Copy)]
+struct Calls {
+    /// Post calls that posted (single or batched).
+    posts: u64,
+    /// Poll calls, successful or not.
+    polls: u64,
+}
+
 /// What one run measured.
 struct Sample {
     /// ns per request (latency) or million messages per second (rate).
@@ -508,8 +630,8 @@ struct Sample {
     overhead: f64,
     /// Executors spawned by the dynamic offloader.
     spawns: usize,
-    /// Device `poll` calls.
-    polls: u64,
+    /// Device calls.
+    calls: Calls,
     /// Requests in the run.
     requests: u64,
 }
@@ -624,7 +746,7 @@ fn run_once(rt: &Runtime, m: Method, metric: Metric, requesters: usize, cfg: &Cf
         acc.wrapping_add(command(r as u64, 0).wrapping_mul(n))
             .wrapping_add(n * n.saturating_sub(1) / 2)
     });
-    let (polls, spawns) = setup.finish(total, sum);
+    let (calls, spawns) = setup.finish(total, sum);
     PROGRESS.fetch_add(1, Ordering::Relaxed);
     let (lat, ovh): (u128, u128) = done
         .iter()
@@ -637,7 +759,7 @@ fn run_once(rt: &Runtime, m: Method, metric: Metric, requesters: usize, cfg: &Cf
         },
         overhead: ovh as f64 / total as f64,
         spawns,
-        polls,
+        calls,
         requests: total,
     }
 }
@@ -677,7 +799,9 @@ fn measure(
         }
         v.extend([
             ("post_ns", (cfg.p.post.as_nanos() as u64).into()),
+            ("post_item_ns", (cfg.p.post_item.as_nanos() as u64).into()),
             ("poll_ns", (cfg.p.poll.as_nanos() as u64).into()),
+            ("poll_item_ns", (cfg.p.poll_item.as_nanos() as u64).into()),
             ("latency_ns", (cfg.p.latency.as_nanos() as u64).into()),
             ("run_ms", (cfg.run_time.as_millis() as u64).into()),
         ]);
@@ -731,9 +855,15 @@ fn measure(
     }
     for (i, m) in methods.iter().enumerate() {
         let reqs: u64 = samples[i].iter().map(|s| s.requests).sum();
-        let polls: u64 = samples[i].iter().map(|s| s.polls).sum();
+        let posts: u64 = samples[i].iter().map(|s| s.calls.posts).sum();
+        let polls: u64 = samples[i].iter().map(|s| s.calls.polls).sum();
         let spawns: usize = samples[i].iter().map(|s| s.spawns).sum();
-        eprint!("  {}: {:.2} polls", m.name(), polls as f64 / reqs as f64);
+        eprint!(
+            "  {}: {:.3} post calls, {:.3} poll calls",
+            m.name(),
+            posts as f64 / reqs as f64,
+            polls as f64 / reqs as f64
+        );
         if *m == Method::Dynamic {
             eprint!(", {:.4} executor spawns", spawns as f64 / reqs as f64);
         }
@@ -755,7 +885,9 @@ fn main() {
     let cfg = Cfg {
         p: DevParams {
             post: Duration::from_nanos(args.get("post-ns", 300)),
+            post_item: Duration::from_nanos(args.get("post-item-ns", 20)),
             poll: Duration::from_nanos(args.get("poll-ns", 300)),
+            poll_item: Duration::from_nanos(args.get("poll-item-ns", 20)),
             latency: Duration::from_nanos(args.get("latency-ns", 2000)),
             depth: args.get("depth", 4096),
         },

@@ -13,7 +13,10 @@
 //!   command queue whose executor thread is spawned by the first requester
 //!   that finds none running and exits when the queue drains (the tail
 //!   counter's low bit says whether one runs), plus a completer thread that
-//!   polls completions and runs callbacks.
+//!   polls completions and runs callbacks. Both make batched device calls
+//!   ([`Device::post_batch`] with up to a [`PostBatch`] of commands per call,
+//!   [`Device::poll_batch`]), as a NIC takes a chain of work requests per
+//!   doorbell.
 //!
 //! Everything is generic over the threading interface
 //! ([`UltItf`](ct_worker::UltItf)): user-level threads by default, or OS
@@ -31,5 +34,5 @@ mod sync;
 pub use completion::{Completion, CompletionRef};
 pub use consumer::Consumer;
 pub use delegator::{Delegator, DelegatorGuard, Entry};
-pub use offload::{Callback, Device, Offloader, Tag};
+pub use offload::{Callback, Device, Offloader, PostBatch, Tag};
 pub use queue::{DelegationQueue, Enqueued, McsQueue, RingQueue};

@@ -313,4 +313,17 @@ impl Device for RmaDevice {
         self.progress();
         self.ready.pop_front()
     }
+
+    /// One round of progress (flushes and one `MPI_Testsome`) at most, and
+    /// only when the operations finished earlier do not fill `tags`.
+    fn poll_batch(&mut self, tags: &mut [Tag]) -> usize {
+        if self.ready.len() < tags.len() && (self.in_flight() > 0 || !self.barriers.is_empty()) {
+            self.progress();
+        }
+        let n = tags.len().min(self.ready.len());
+        for (t, tag) in tags.iter_mut().zip(self.ready.drain(..n)) {
+            *t = tag;
+        }
+        n
+    }
 }

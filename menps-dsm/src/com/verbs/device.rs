@@ -10,12 +10,18 @@
 //! results land in registered 8-byte cells. A command that finds no free
 //! slot, cell or send-queue entry is refused and retried by the offloader
 //! after completions have freed some.
+//!
+//! Batched calls: [`Device::post_batch`] builds the work requests of every
+//! command it takes and posts them as one chain per queue pair — one
+//! `ibv_post_send` (one doorbell) per target rank in the batch, rather than
+//! one per work request; [`Device::poll_batch`] reports the commands that one
+//! `ibv_poll_cq` of up to [`WC_BATCH`] completions finished.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::raw::c_int;
 use std::sync::Arc;
 
-use ct_delegate::{Device, Tag};
+use ct_delegate::{Device, PostBatch, Tag};
 use rdma_sys::*;
 
 use super::ctx::{Ctx, Mr, Qp, local_access};
@@ -26,7 +32,9 @@ use crate::com::{Error, Result};
 pub(crate) const SLOT_BYTES: usize = 64 * 1024;
 const SLOTS: usize = 64;
 const CELLS: usize = 4096;
-const WC_BATCH: usize = 16;
+/// Completions taken per `ibv_poll_cq` (as many as the offloader asks for
+/// per poll call).
+const WC_BATCH: usize = ct_delegate::offload::BATCH;
 
 /// What a command does.
 pub(crate) enum Kind {
@@ -99,6 +107,16 @@ enum Local {
     },
     /// An atomic result cell.
     Cell(usize),
+}
+
+/// A work request built by the current post call, posted at its end
+/// ([`VerbsDevice::ring`]) in a chain with the others to the same rank.
+struct QueuedWr {
+    wr: ibv_send_wr,
+    /// The work request's only scatter entry (`wr.sg_list` points here once
+    /// the chain is linked).
+    sge: ibv_sge,
+    rank: usize,
 }
 
 struct InFlight {
@@ -178,6 +196,13 @@ pub(crate) struct VerbsDevice {
     barriers: VecDeque<(Tag, u64)>,
     ready: VecDeque<Tag>,
     next_seq: u64,
+    /// Work requests of the current post call, not yet handed to the
+    /// adapter (empty between calls; the buffers are reused).
+    queued: Vec<QueuedWr>,
+    /// Per rank: first and last index in `queued` of its chain (in `ring`).
+    chains: Vec<Option<(usize, usize)>>,
+    /// Work requests `ring` could not post: (tag, rank, error code).
+    unposted: Vec<(Tag, usize, c_int)>,
     ctx: Arc<Ctx>,
 }
 
@@ -199,6 +224,9 @@ impl VerbsDevice {
             barriers: VecDeque::new(),
             ready: VecDeque::new(),
             next_seq: 0,
+            queued: Vec::new(),
+            chains: Vec::new(),
+            unposted: Vec::new(),
             ctx,
         })
     }
@@ -220,10 +248,12 @@ impl VerbsDevice {
             .map(|w| w.2)
     }
 
-    /// Posts the pieces of one operation. Returns how many were posted,
-    /// with bit 31 set if posting failed after some pieces.
+    /// Queues the work requests of one operation's pieces for [`ring`]
+    /// and counts them as outstanding on `rank`; returns how many.
+    ///
+    /// [`ring`]: VerbsDevice::ring
     #[allow(clippy::too_many_arguments)]
-    fn post_pieces(
+    fn queue_pieces(
         &mut self,
         tag: Tag,
         rank: usize,
@@ -232,22 +262,21 @@ impl VerbsDevice {
         remote: (u64, u32),
         len: usize,
         atomic: (u64, u64),
-    ) -> std::result::Result<u32, Error> {
+    ) -> u32 {
         let piece = self.ctx.max_msg;
         let pieces = len.div_ceil(piece).max(1);
-        let mut posted = 0u32;
         for k in 0..pieces {
             let off = k * piece;
             let n = (len - off).min(piece);
-            let mut sge = ibv_sge {
+            let sge = ibv_sge {
                 addr: local.0 + off as u64,
                 length: n as u32,
                 lkey: local.1,
             };
-            // SAFETY: a zeroed work request is valid; filled in below.
+            // SAFETY: a zeroed work request is valid; filled in below (its
+            // scatter list and chain link in `ring`).
             let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
             wr.wr_id = tag as u64;
-            wr.sg_list = &mut sge;
             wr.num_sge = 1;
             wr.opcode = opcode;
             wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -266,31 +295,94 @@ impl VerbsDevice {
                     rkey: remote.1,
                 };
             }
-            let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-            // SAFETY: a connected queue pair; the work request and its
-            // scatter entry are read during the call only; the local buffer
-            // is registered and stays valid until the completion (see the
-            // `Local` kept in `ops`).
-            let rc = unsafe { ibv_post_send(self.qps[rank].qp, &mut wr, &mut bad) };
-            if rc != 0 {
-                let e = Error::Transport(format!(
-                    "ibv_post_send to rank {rank} failed: {}",
-                    std::io::Error::from_raw_os_error(rc)
-                ));
-                if posted == 0 {
-                    return Err(e);
-                }
-                // Earlier pieces are in flight: wait for them, then fail.
-                self.outstanding[rank] += posted;
-                return Ok(posted | 1 << 31);
-            }
-            posted += 1;
+            self.queued.push(QueuedWr { wr, sge, rank });
         }
-        self.outstanding[rank] += posted;
-        Ok(posted)
+        self.outstanding[rank] += pieces as u32;
+        pieces as u32
     }
 
-    /// Issues an RMA command; `Err(kind)` if resources are short now.
+    /// Posts the queued work requests: one chain, and one `ibv_post_send`,
+    /// per rank, in the order they were queued. Work requests the adapter
+    /// refuses complete their operations with an error, as failed
+    /// completions do.
+    fn ring(&mut self) {
+        if self.queued.is_empty() {
+            return;
+        }
+        let n = self.queued.len();
+        // (`as_mut_ptr` makes no reference to the elements: the pointers
+        // derived from it stay valid until `queued` changes.)
+        let base = self.queued.as_mut_ptr();
+        // SAFETY: `queued` holds `n` elements, with ranks below
+        // `qps.len()`; it does not move or change until it is cleared below,
+        // and only pointers derived from `base` reach its elements meanwhile.
+        unsafe { link_chains(base, n, &mut self.chains, self.qps.len()) };
+        for rank in 0..self.chains.len() {
+            let Some((first, _)) = self.chains[rank] else {
+                continue;
+            };
+            let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: a connected queue pair; the chain's work requests and
+            // their scatter entries live in `queued` and are read during the
+            // call only; the local buffers are registered and stay valid
+            // until the completions (see the `Local` kept in `ops`).
+            let rc = unsafe {
+                ibv_post_send(self.qps[rank].qp, &raw mut (*base.add(first)).wr, &mut bad)
+            };
+            if rc != 0 {
+                // The adapter took the chain up to `bad`, excluded (none of
+                // it if it did not say where it stopped).
+                let mut refused = bad.is_null();
+                for i in first..n {
+                    // SAFETY: as above.
+                    let (wr, r) = unsafe { (&raw mut (*base.add(i)).wr, (*base.add(i)).rank) };
+                    if r != rank {
+                        continue;
+                    }
+                    refused |= std::ptr::eq(wr, bad);
+                    if refused {
+                        // SAFETY: as above.
+                        let tag = unsafe { (*wr).wr_id } as Tag;
+                        self.unposted.push((tag, rank, rc));
+                    }
+                }
+            }
+        }
+        self.queued.clear();
+        // Fail what was not posted, as a failed completion would.
+        for k in 0..self.unposted.len() {
+            let (tag, rank, rc) = self.unposted[k];
+            self.outstanding[rank] = self.outstanding[rank].saturating_sub(1);
+            let e = Error::Transport(format!(
+                "ibv_post_send to rank {rank} failed: {}",
+                std::io::Error::from_raw_os_error(rc)
+            ));
+            self.work_request_done(tag, Some(e));
+        }
+        self.unposted.clear();
+    }
+
+    /// One work request of operation `tag` is over (completed, or never
+    /// posted), with `error` if it failed; finishes the operation after
+    /// its last one.
+    fn work_request_done(&mut self, tag: Tag, error: Option<Error>) {
+        let Some(op) = self.ops.get_mut(&tag) else {
+            return;
+        };
+        if let Some(e) = error {
+            op.error.get_or_insert(e);
+        }
+        op.pending -= 1;
+        if op.pending == 0 {
+            let op = self.ops.remove(&tag).expect("present");
+            self.finish(tag, op);
+        }
+    }
+
+    /// Issues an RMA command (queues its work requests for [`ring`]);
+    /// `Err(kind)` if resources are short now.
+    ///
+    /// [`ring`]: VerbsDevice::ring
     fn issue(
         &mut self,
         tag: Tag,
@@ -376,31 +468,19 @@ impl VerbsDevice {
                 )
             }
         };
-        match self.post_pieces(tag, rank, opcode, local, remote, len, atomic) {
-            Err(e) => {
-                self.release(keep);
-                out.fail(e);
-                self.ready.push_back(tag);
-            }
-            Ok(n) => {
-                let failed = n & (1 << 31) != 0;
-                self.ops.insert(
-                    tag,
-                    InFlight {
-                        seq,
-                        rank,
-                        pending: n & !(1 << 31),
-                        local: keep,
-                        out,
-                        error: failed.then(|| {
-                            Error::Transport(format!(
-                                "ibv_post_send to rank {rank} failed part-way"
-                            ))
-                        }),
-                    },
-                );
-            }
-        }
+        // Posted by the `ring` that ends this device call.
+        let pending = self.queue_pieces(tag, rank, opcode, local, remote, len, atomic);
+        self.ops.insert(
+            tag,
+            InFlight {
+                seq,
+                rank,
+                pending,
+                local: keep,
+                out,
+                error: None,
+            },
+        );
         Ok(())
     }
 
@@ -490,6 +570,9 @@ impl VerbsDevice {
     }
 
     fn release_barriers(&mut self) {
+        if self.barriers.is_empty() {
+            return;
+        }
         let oldest = self.ops.values().map(|o| o.seq).min().unwrap_or(u64::MAX);
         while let Some(&(tag, seq)) = self.barriers.front() {
             if seq < oldest {
@@ -515,35 +598,63 @@ impl VerbsDevice {
         }
         for wc in &wcs[..n as usize] {
             let tag = wc.wr_id as Tag;
-            let Some(op) = self.ops.get_mut(&tag) else {
+            let Some(rank) = self.ops.get(&tag).map(|op| op.rank) else {
                 continue;
             };
-            if wc.status != ibv_wc_status::IBV_WC_SUCCESS {
+            let error = (wc.status != ibv_wc_status::IBV_WC_SUCCESS).then(|| {
                 // SAFETY: returns a static string for any status value.
                 let what = unsafe { std::ffi::CStr::from_ptr(ibv_wc_status_str(wc.status)) };
-                op.error.get_or_insert_with(|| {
-                    Error::Transport(format!(
-                        "RDMA operation to rank {} failed: {} (work completion status {})",
-                        op.rank,
-                        what.to_string_lossy(),
-                        wc.status
-                    ))
-                });
-            }
-            self.outstanding[op.rank] = self.outstanding[op.rank].saturating_sub(1);
-            op.pending -= 1;
-            if op.pending == 0 {
-                let op = self.ops.remove(&tag).expect("present");
-                self.finish(tag, op);
+                Error::Transport(format!(
+                    "RDMA operation to rank {rank} failed: {} (work completion status {})",
+                    what.to_string_lossy(),
+                    wc.status
+                ))
+            });
+            self.outstanding[rank] = self.outstanding[rank].saturating_sub(1);
+            self.work_request_done(tag, error);
+        }
+    }
+}
+
+/// Links the `n` work requests at `base` into one chain per rank, in order
+/// (each with its scatter entry); `chains[rank]` gets the first and last
+/// index of the rank's chain.
+///
+/// # Safety
+///
+/// `base` points to `n` initialised elements, each with `rank < ranks`, that
+/// stay in place while the chains are used.
+unsafe fn link_chains(
+    base: *mut QueuedWr,
+    n: usize,
+    chains: &mut Vec<Option<(usize, usize)>>,
+    ranks: usize,
+) {
+    chains.clear();
+    chains.resize(ranks, None);
+    for i in 0..n {
+        // SAFETY: `i < n` and `last < i` index elements at `base` (the
+        // caller's contract); only raw pointers reach them.
+        unsafe {
+            let q = base.add(i);
+            (*q).wr.sg_list = &raw mut (*q).sge;
+            (*q).wr.next = std::ptr::null_mut();
+            let chain = &mut chains[(*q).rank];
+            match chain {
+                None => *chain = Some((i, i)),
+                Some((_, last)) => {
+                    (*base.add(*last)).wr.next = &raw mut (*q).wr;
+                    *last = i;
+                }
             }
         }
     }
 }
 
-impl Device for VerbsDevice {
-    type Command = Command;
-
-    fn post(&mut self, command: Command, tag: Tag) -> std::result::Result<(), Command> {
+impl VerbsDevice {
+    /// Issues `command` (an RMA command's work requests are queued for
+    /// [`ring`](VerbsDevice::ring)); gives it back if resources are short.
+    fn issue_command(&mut self, command: Command, tag: Tag) -> std::result::Result<(), Command> {
         let seq = self.next_seq;
         match command {
             Command::Flush => {
@@ -576,6 +687,28 @@ impl Device for VerbsDevice {
             },
         }
     }
+}
+
+impl Device for VerbsDevice {
+    type Command = Command;
+
+    fn post(&mut self, command: Command, tag: Tag) -> std::result::Result<(), Command> {
+        let r = self.issue_command(command, tag);
+        self.ring();
+        r
+    }
+
+    /// Issues commands until one finds resources short, then posts all
+    /// their work requests: one chained `ibv_post_send` per target rank.
+    fn post_batch(&mut self, batch: &mut PostBatch<'_, Command>) {
+        while let Some((command, tag)) = batch.take() {
+            if let Err(command) = self.issue_command(command, tag) {
+                batch.give_back(command);
+                break;
+            }
+        }
+        self.ring();
+    }
 
     fn poll(&mut self) -> Option<Tag> {
         if let Some(t) = self.ready.pop_front() {
@@ -586,5 +719,73 @@ impl Device for VerbsDevice {
         }
         self.release_barriers();
         self.ready.pop_front()
+    }
+
+    /// At most one `ibv_poll_cq` (of up to [`WC_BATCH`] completions), and
+    /// only when the operations finished earlier do not fill `tags`.
+    fn poll_batch(&mut self, tags: &mut [Tag]) -> usize {
+        if self.ready.len() < tags.len() && !self.ops.is_empty() {
+            self.poll_cq();
+        }
+        self.release_barriers();
+        let n = tags.len().min(self.ready.len());
+        for (t, tag) in tags.iter_mut().zip(self.ready.drain(..n)) {
+            *t = tag;
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Work requests to several ranks, interleaved, become one chain per
+    /// rank in queue order, each pointing at its own scatter entry.
+    #[test]
+    fn work_requests_are_chained_per_rank_in_order() {
+        let ranks = [0usize, 2, 0, 1, 2, 0];
+        let mut queued: Vec<QueuedWr> = ranks
+            .iter()
+            .enumerate()
+            .map(|(i, &rank)| {
+                let mut q: QueuedWr = QueuedWr {
+                    // SAFETY: a zeroed work request is valid.
+                    wr: unsafe { std::mem::zeroed() },
+                    sge: ibv_sge {
+                        addr: 0,
+                        length: 8,
+                        lkey: 0,
+                    },
+                    rank,
+                };
+                q.wr.wr_id = i as u64;
+                q.sge.addr = 1000 + i as u64;
+                q
+            })
+            .collect();
+        let mut chains = Vec::new();
+        let base = queued.as_mut_ptr();
+        // SAFETY: `queued` holds the elements, with ranks below 4, and is
+        // only read through `base` until the end of the test.
+        unsafe { link_chains(base, ranks.len(), &mut chains, 4) };
+        let walk = |first: usize| {
+            let mut ids = Vec::new();
+            // SAFETY: the chain links elements of `queued`.
+            let mut p: *const ibv_send_wr = unsafe { &raw const (*base.add(first)).wr };
+            while !p.is_null() {
+                // SAFETY: as above; each scatter entry is its element's.
+                unsafe {
+                    assert_eq!((*(*p).sg_list).addr, 1000 + (*p).wr_id);
+                    ids.push((*p).wr_id);
+                    p = (*p).next;
+                }
+            }
+            ids
+        };
+        assert_eq!(chains, [Some((0, 5)), Some((3, 3)), Some((1, 4)), None]);
+        assert_eq!(walk(0), [0, 2, 5]);
+        assert_eq!(walk(3), [3]);
+        assert_eq!(walk(1), [1, 4]);
     }
 }

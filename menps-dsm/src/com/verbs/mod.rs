@@ -44,8 +44,11 @@
 //! - **RMA**: `IBV_WR_RDMA_READ`, `IBV_WR_RDMA_WRITE`,
 //!   `IBV_WR_ATOMIC_CMP_AND_SWP`, `IBV_WR_ATOMIC_FETCH_AND_ADD`, all
 //!   signalled, behind `ct-delegate`'s [`Offloader`]: the executor thread
-//!   posts work requests, the completer thread polls the completion queue
-//!   and completes the [`Request`]s (the issuing user-level thread parks).
+//!   posts the work requests of up to a batch of queued operations at a
+//!   time, chained, with one `ibv_post_send` per target process; the
+//!   completer thread polls the completion queue (up to a batch of
+//!   completions per `ibv_poll_cq`) and completes the [`Request`]s (the
+//!   issuing user-level thread parks).
 //!   Local buffers are used in place when they lie in a registered window,
 //!   else through registered staging slots (≤ 64 KiB) or a registration of
 //!   the caller's buffer for the operation. A write completes when the
