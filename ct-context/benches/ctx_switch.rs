@@ -13,7 +13,10 @@
 //!   that the other side reads, the way a scheduler publishes a continuation.
 //! - `ontop-trivial`: like `plain` (fixed destinations), but every switch runs
 //!   a trivial ontop function (it returns the transferred value): the cost of
-//!   the ontop call itself. (In `ontop` the next destination is the value the
+//!   the ontop call itself.
+//! - `into`: like `ontop-store`, but with `swap_context_into`, which stores
+//!   the saved context in the side's slot as part of the switch (no function
+//!   call on native policies). (In `ontop` the next destination is the value the
 //!   previous switch delivered, so that mode is a dependent chain of switches,
 //!   bound by latency, while `plain` can be overlapped by the processor.)
 //!
@@ -44,12 +47,14 @@ const PLAIN: u8 = 0;
 const ONTOP: u8 = 1;
 const ONTOP_STORE: u8 = 2;
 const ONTOP_TRIVIAL: u8 = 3;
+const INTO: u8 = 4;
 
 fn mode_name(mode: u8) -> &'static str {
     match mode {
         PLAIN => "plain",
         ONTOP => "ontop",
         ONTOP_TRIVIAL => "ontop-trivial",
+        INTO => "into",
         _ => "ontop-store",
     }
 }
@@ -82,7 +87,12 @@ fn ctx<P: ContextPolicy>(addr: usize) -> Context<P> {
 
 /// One switch in mode `MODE`. `store` is the side's own slot-storing function.
 #[inline(always)]
-fn switch<P: ContextPolicy, const MODE: u8>(to: usize, store: OntopFn<P>, v: usize) -> usize {
+fn switch<P: ContextPolicy, const MODE: u8>(
+    to: usize,
+    store: OntopFn<P>,
+    slot: &AtomicUsize,
+    v: usize,
+) -> usize {
     // SAFETY: the two contexts alternate strictly; each resumes the other's
     // most recently saved context exactly once.
     unsafe {
@@ -90,6 +100,8 @@ fn switch<P: ContextPolicy, const MODE: u8>(to: usize, store: OntopFn<P>, v: usi
             PLAIN => P::swap_context(ctx::<P>(to), None, v),
             ONTOP => P::swap_context(ctx::<P>(to), Some(pass_prev::<P>), v),
             ONTOP_TRIVIAL => P::swap_context(ctx::<P>(to), Some(keep_data::<P>), v),
+            // An `Option<Context>` is a nullable pointer, like the slot's usize.
+            INTO => P::swap_context_into(ctx::<P>(to), slot.as_ptr().cast(), v),
             _ => P::swap_context(ctx::<P>(to), Some(store), v),
         }
     }
@@ -104,26 +116,32 @@ fn run_policy<P: ContextPolicy, const MODE: u8>(round_trips: usize) -> f64 {
     let child = unsafe {
         make_context_with::<P, _>(stack.region(), |v| -> Infallible {
             // Warm-up: publish our context, learn main's.
-            let mut v =
-                switch::<P, ONTOP_STORE>(MAIN.load(Ordering::Relaxed), store_child::<P>, v + 1);
+            let mut v = switch::<P, ONTOP_STORE>(
+                MAIN.load(Ordering::Relaxed),
+                store_child::<P>,
+                &CHILD,
+                v + 1,
+            );
             let main = MAIN.load(Ordering::Relaxed);
             match MODE {
                 // Both saved contexts have fixed addresses from here on: each
                 // side switches from one call site at a fixed stack depth.
                 PLAIN => loop {
-                    v = switch::<P, PLAIN>(main, store_child::<P>, v + 1);
+                    v = switch::<P, PLAIN>(main, store_child::<P>, &CHILD, v + 1);
                 },
                 ONTOP_TRIVIAL => loop {
-                    v = switch::<P, ONTOP_TRIVIAL>(main, store_child::<P>, v + 1);
+                    v = switch::<P, ONTOP_TRIVIAL>(main, store_child::<P>, &CHILD, v + 1);
                 },
                 // Main sends its context; we send back ours.
                 ONTOP => loop {
-                    v = switch::<P, ONTOP>(v, store_child::<P>, 0);
+                    v = switch::<P, ONTOP>(v, store_child::<P>, &CHILD, 0);
                 },
+                // ONTOP_STORE and INTO: each side publishes itself.
                 _ => loop {
-                    v = switch::<P, ONTOP_STORE>(
+                    v = switch::<P, MODE>(
                         MAIN.load(Ordering::Relaxed),
                         store_child::<P>,
+                        &CHILD,
                         v + 1,
                     );
                 },
@@ -140,10 +158,10 @@ fn run_policy<P: ContextPolicy, const MODE: u8>(round_trips: usize) -> f64 {
     match MODE {
         PLAIN => {
             // The first switch still lands in the child's warm-up call.
-            let mut v = switch::<P, ONTOP_STORE>(c, store_main::<P>, v);
+            let mut v = switch::<P, ONTOP_STORE>(c, store_main::<P>, &MAIN, v);
             let c = CHILD.load(Ordering::Relaxed);
             for i in 0..round_trips {
-                let r = switch::<P, PLAIN>(c, store_main::<P>, v);
+                let r = switch::<P, PLAIN>(c, store_main::<P>, &MAIN, v);
                 if r != v + 1 {
                     fail(&format!("round trip {i}: sent {v}, got {r}"));
                 }
@@ -151,10 +169,10 @@ fn run_policy<P: ContextPolicy, const MODE: u8>(round_trips: usize) -> f64 {
             }
         }
         ONTOP_TRIVIAL => {
-            let mut v = switch::<P, ONTOP_STORE>(c, store_main::<P>, v);
+            let mut v = switch::<P, ONTOP_STORE>(c, store_main::<P>, &MAIN, v);
             let c = CHILD.load(Ordering::Relaxed);
             for i in 0..round_trips {
-                let r = switch::<P, ONTOP_TRIVIAL>(c, store_main::<P>, v);
+                let r = switch::<P, ONTOP_TRIVIAL>(c, store_main::<P>, &MAIN, v);
                 if r != v + 1 {
                     fail(&format!("round trip {i}: sent {v}, got {r}"));
                 }
@@ -164,10 +182,10 @@ fn run_policy<P: ContextPolicy, const MODE: u8>(round_trips: usize) -> f64 {
         ONTOP => {
             // The child's warm-up switch receives our context as the value;
             // from then on it answers from its loop, whose context is fixed.
-            let mut to = switch::<P, ONTOP>(c, store_main::<P>, 0);
+            let mut to = switch::<P, ONTOP>(c, store_main::<P>, &MAIN, 0);
             let expect = to;
             for i in 0..round_trips {
-                let got = switch::<P, ONTOP>(to, store_main::<P>, 0);
+                let got = switch::<P, ONTOP>(to, store_main::<P>, &MAIN, 0);
                 if got != expect {
                     fail(&format!(
                         "round trip {i}: child context {got:#x}, expected {expect:#x}"
@@ -177,9 +195,9 @@ fn run_policy<P: ContextPolicy, const MODE: u8>(round_trips: usize) -> f64 {
             }
         }
         _ => {
-            let mut v = switch::<P, ONTOP_STORE>(c, store_main::<P>, v);
+            let mut v = switch::<P, ONTOP_STORE>(c, store_main::<P>, &MAIN, v);
             for i in 0..round_trips {
-                let r = switch::<P, ONTOP_STORE>(CHILD.load(Ordering::Relaxed), store_main::<P>, v);
+                let r = switch::<P, MODE>(CHILD.load(Ordering::Relaxed), store_main::<P>, &MAIN, v);
                 if r != v + 1 {
                     fail(&format!("round trip {i}: sent {v}, got {r}"));
                 }
@@ -244,7 +262,7 @@ fn main() {
             "ctx_switch [--round-trips N (default 10000000)] [--runs R (default 7)]\n\
              \x20          [--only x86_64,x86_64-fpu,portable,corosensei,ct-coroutine]\n\
              Prints one JSON line per policy and mode (plain, ontop-trivial, ontop,\n\
-             ontop-store), plus corosensei's resume+suspend and ct_context::Coroutine,\n\
+             ontop-store, into), plus corosensei's resume+suspend and ct_context::Coroutine,\n\
              in ns per round trip (two switches)."
         );
         return;
@@ -258,11 +276,12 @@ fn main() {
     macro_rules! policy {
         ($p:ty) => {
             if wanted(<$p>::NAME) {
-                let modes: [(u8, fn(usize) -> f64); 4] = [
+                let modes: [(u8, fn(usize) -> f64); 5] = [
                     (PLAIN, run_policy::<$p, PLAIN>),
                     (ONTOP_TRIVIAL, run_policy::<$p, ONTOP_TRIVIAL>),
                     (ONTOP, run_policy::<$p, ONTOP>),
                     (ONTOP_STORE, run_policy::<$p, ONTOP_STORE>),
+                    (INTO, run_policy::<$p, INTO>),
                 ];
                 for (mode, run) in modes {
                     eprintln!("{} {}...", <$p>::NAME, mode_name(mode));

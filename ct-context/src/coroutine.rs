@@ -49,7 +49,7 @@ use core::ptr;
 use std::any::Any;
 use std::panic::{self, AssertUnwindSafe};
 
-use crate::context::{Context, make_context_with, restore_with, swap_with};
+use crate::context::{Context, make_context_with, restore_with};
 use crate::error::{Error, Result};
 use crate::policy::{ContextPolicy, DefaultPolicy};
 use crate::stack::{PooledStack, Stack, StackPool};
@@ -287,14 +287,9 @@ impl<I, Y, R, S: Stack, P: ContextPolicy> Coroutine<I, Y, R, S, P> {
             (*header).yielded = &mut yielded as *mut Option<Y>;
         }
         // SAFETY: `ctx` is the coroutine's suspended context, resumed only here.
-        // The ontop closure runs on the coroutine's stack after our context is
-        // saved and records it as the coroutine's caller.
-        let out = unsafe {
-            swap_with(ctx, move |prev| {
-                (*header).caller = Some(prev);
-                0
-            })
-        };
+        // The switch records our saved context as the coroutine's caller
+        // (the coroutine reads it only after it has been resumed).
+        let out = unsafe { P::swap_context_into(ctx, &raw mut (*header).caller, 0) };
         if out == 0 {
             self.state = State::Suspended;
             Outcome::Yield(yielded.expect("a suspending coroutine leaves a value"))
@@ -362,16 +357,13 @@ impl<I, Y, P: ContextPolicy> Yielder<I, Y, P> {
         let header = self.header;
         // SAFETY: we run inside the coroutine, so the header's pointers refer to
         // the suspended resumer's `switch_in` frame, and `caller` is that
-        // resumer. The ontop closure stores our context where the resumer
-        // expects it; the value 0 tells it to look in its yield slot.
+        // resumer. The switch stores our context where the resumer expects it
+        // (`self_slot`, empty while we run); the value 0 tells it to look in
+        // its yield slot.
         unsafe {
             *(*header).yielded = Some(value);
             let caller = (*header).caller.take().expect("coroutine has a caller");
-            let slot = (*header).self_slot;
-            swap_with(caller, move |prev| {
-                *slot = Some(prev);
-                0
-            });
+            P::swap_context_into(caller, (*header).self_slot, 0);
             take_input(header)
         }
     }

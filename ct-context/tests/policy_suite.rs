@@ -98,6 +98,51 @@ fn ping_pong<P: ContextPolicy>() {
     assert_eq!(switch(&child, &main, x), usize::MAX);
 }
 
+/// `swap_context_into` publishes the saved context in the slot and delivers
+/// `data`: two contexts switch 10^5 times through two slots, every value
+/// and every slot checked.
+fn ping_pong_into<P: ContextPolicy>() {
+    const ROUND_TRIPS: usize = 100_000;
+    struct Slots<P: ContextPolicy> {
+        main: Option<Context<P>>,
+        child: Option<Context<P>>,
+    }
+    let st = stack();
+    let mut slots = Slots::<P> {
+        main: None,
+        child: None,
+    };
+    let sp = &raw mut slots as usize;
+    // SAFETY: the stack outlives the context, which ends by restoring main;
+    // `slots` outlives both, and only the running context touches it.
+    let ctx = unsafe {
+        make_context_with::<P, _>(st.region(), move |first| -> Infallible {
+            let s = sp as *mut Slots<P>;
+            let mut v = first;
+            for i in 0..ROUND_TRIPS {
+                assert_eq!(v, 2 * i, "child received a wrong value");
+                let main = (*s).main.take().expect("main published itself");
+                v = P::swap_context_into(main, &raw mut (*s).child, v + 1);
+            }
+            let main = (*s).main.take().expect("main published itself");
+            restore_with(main, || usize::MAX)
+        })
+    }
+    .unwrap();
+    let s = sp as *mut Slots<P>;
+    // SAFETY: as above; each published context is taken and resumed once.
+    unsafe {
+        let mut r = P::swap_context_into(ctx, &raw mut (*s).main, 0);
+        for i in 0..ROUND_TRIPS {
+            assert_eq!(r, 2 * i + 1, "main received a wrong value");
+            let child = (*s).child.take().expect("child published itself");
+            r = P::swap_context_into(child, &raw mut (*s).main, r + 1);
+        }
+        assert_eq!(r, usize::MAX);
+        assert!((*s).child.is_none() && (*s).main.is_none());
+    }
+}
+
 /// Plain switches (no ontop function) deliver `data` itself.
 fn plain_switch_delivers_data<P: ContextPolicy>() {
     for use_restore in [false, true] {
@@ -800,6 +845,10 @@ macro_rules! suite {
             #[test]
             fn ping_pong() {
                 super::ping_pong::<P>();
+            }
+            #[test]
+            fn ping_pong_into() {
+                super::ping_pong_into::<P>();
             }
             #[test]
             fn plain_switch_delivers_data() {

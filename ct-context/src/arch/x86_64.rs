@@ -131,7 +131,10 @@ macro_rules! switch_asm {
             ".cfi_undefined rip",
             $($code,)*
             ".cfi_restore_state",
-            // Where the saved frame resumes.
+            // Where the saved frame resumes, 16-byte aligned (the padding
+            // follows an unconditional jump, so it never runs): round trips
+            // measured 1.2-2.0 ns depending on where the label fell.
+            ".p2align 4",
             "2:",
             inout("rdx") $next => _,
             inout("rcx") $f => _,
@@ -225,6 +228,28 @@ macro_rules! x86_64_policy {
                             $($resume,)*
                         ]),
                     }
+                }
+            }
+
+            #[inline(always)]
+            unsafe fn swap_context_into(
+                next: Context<Self>,
+                slot: *mut Option<Context<Self>>,
+                data: usize,
+            ) -> usize {
+                let next = next.into_raw().as_ptr() as usize;
+                // SAFETY: forwarded contract; `next` is a frame made by this
+                // policy. The slot is written after the frame: once it is
+                // visible, the suspended stack is complete (and the rest of
+                // the switch touches only registers and `next`'s frame).
+                unsafe {
+                    switch_asm!(next: next, f: slot as usize, data: data, [
+                        $($save,)*
+                        $saved,
+                        "mov [rcx], rdi",
+                        "mov rax, rsi",
+                        $($resume,)*
+                    ])
                 }
             }
 

@@ -116,4 +116,52 @@ pub unsafe trait ContextPolicy: Sized + 'static {
     /// As for [`ContextPolicy::swap_context`]. Nothing on the abandoned stack is
     /// dropped; everything on it must be dead.
     unsafe fn restore_context(next: Context<Self>, f: Option<RestoreFn>, data: usize) -> !;
+
+    /// Saves the current context, stores it in `*slot`, and switches to
+    /// `next`, which continues with `data`: the switch whose ontop function
+    /// would only publish the saved context in a known place (a coroutine's
+    /// caller link, a scheduler's continuation slot). Native policies store
+    /// it as part of the switch, without calling a function, so it costs
+    /// about what a plain switch costs; the default runs an ontop function.
+    ///
+    /// Returns the value delivered by whichever switch later resumes the saved
+    /// context.
+    ///
+    /// # Safety
+    ///
+    /// As for [`ContextPolicy::swap_context`]. `slot` must be valid for a
+    /// write; it is written with a plain store (any old value is overwritten,
+    /// not dropped), so it may only be read by code ordered after this switch
+    /// — the destination, or threads it synchronizes with.
+    unsafe fn swap_context_into(
+        next: Context<Self>,
+        slot: *mut Option<Context<Self>>,
+        data: usize,
+    ) -> usize {
+        struct Args<P: ContextPolicy> {
+            slot: *mut Option<Context<P>>,
+            data: usize,
+        }
+        unsafe extern "C" fn store<P: ContextPolicy>(prev: Context<P>, args: usize) -> usize {
+            // SAFETY: `args` points to the `Args` on the suspended caller's
+            // stack, read before `prev` is published (after that, whoever
+            // reads the slot may resume it and reuse that stack).
+            unsafe {
+                let a = &*(args as *const Args<P>);
+                let data = a.data;
+                a.slot.write(Some(prev));
+                data
+            }
+        }
+        let args = Args::<Self> { slot, data };
+        // SAFETY: forwarded contract; `args` outlives the ontop function,
+        // which runs while this context is suspended.
+        unsafe {
+            Self::swap_context(
+                next,
+                Some(store::<Self>),
+                &args as *const Args<Self> as usize,
+            )
+        }
+    }
 }
