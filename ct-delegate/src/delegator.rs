@@ -472,6 +472,7 @@ where
     /// instead and retried later — never dropped.
     ///
     /// Returns `true` iff the request was executed before this call returned.
+    #[inline]
     pub fn execute_or_delegate(
         &self,
         imm: impl FnOnce(&mut C) -> bool,
@@ -483,6 +484,7 @@ where
         // taking the gate, the gate is open while requests may be queued
         // behind that new holder — possibly our own earlier ones, which must
         // run first. With the queue free, all our earlier requests have run.
+        // This fast path is inlined into the caller; everything else is not.
         if !self.queue.is_locked() && self.try_gate() {
             // SAFETY: the gate gives us the resource.
             let done = imm(unsafe { self.consumer_mut() });
@@ -494,6 +496,16 @@ where
             // the lock is free, else by its holder or the consumer).
             return self.delegate(del());
         }
+        self.execute_or_delegate_contended(imm, del)
+    }
+
+    /// [`Delegator::execute_or_delegate`] when the fast path failed.
+    #[inline(never)]
+    fn execute_or_delegate_contended(
+        &self,
+        imm: impl FnOnce(&mut C) -> bool,
+        del: impl FnOnce() -> C::Request,
+    ) -> bool {
         let mut g = match self.try_lock() {
             Some(g) => g,
             None if self.is_consumer_running() => return self.delegate(del()),

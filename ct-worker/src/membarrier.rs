@@ -6,7 +6,7 @@
 //! can then use a mere compiler fence where a rare path calls [`barrier`].
 //! The process must register once; [`available`] does that.
 
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
 const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
@@ -24,11 +24,32 @@ fn membarrier(cmd: libc::c_int) -> libc::c_long {
     }
 }
 
+/// [`available`]'s answer: 0 not known yet, 1 yes, 2 no.
+static AVAILABLE: AtomicU8 = AtomicU8::new(0);
+
 /// Whether expedited private barriers can be used (registering the process
 /// on first call). `CT_NO_MEMBARRIER=1` forces the symmetric fallback.
+///
+/// Inlined: after the first call it is one load of a byte, which hot paths
+/// (a mutex's unlock) pay on every call.
+#[inline]
 pub fn available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
+    match AVAILABLE.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => available_slow(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn available_slow() -> bool {
+    use std::sync::OnceLock;
+    // Registration happens once, whoever asks first; the answer is then
+    // cached in `AVAILABLE`. A thread that sees 1 there may rely on the
+    // registration: the `OnceLock` made it happen before the store.
+    static ONCE: OnceLock<bool> = OnceLock::new();
+    let yes = *ONCE.get_or_init(|| {
         if std::env::var_os("CT_NO_MEMBARRIER").is_some_and(|v| v != "0") {
             return false;
         }
@@ -36,7 +57,9 @@ pub fn available() -> bool {
         supported >= 0
             && supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED as libc::c_long != 0
             && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0
-    })
+    });
+    AVAILABLE.store(if yes { 1 } else { 2 }, Ordering::Release);
+    yes
 }
 
 /// Makes every running thread of the process execute a full barrier.

@@ -187,6 +187,7 @@ unsafe impl<E: Send + 'static> DelegationQueue<E> for McsQueue<E> {
         ok
     }
 
+    #[inline]
     fn is_locked(&self) -> bool {
         !self.tail.load(Ordering::Relaxed).is_null()
     }

@@ -199,6 +199,7 @@ unsafe impl<E: Send + 'static, const CAP: usize> DelegationQueue<E> for RingQueu
             .is_ok()
     }
 
+    #[inline]
     fn is_locked(&self) -> bool {
         self.tail.load(Ordering::Relaxed) & 1 == 1
     }
