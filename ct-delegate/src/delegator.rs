@@ -342,6 +342,7 @@ where
 
     fn lock_raw(&self) {
         let mut entry = Entry::lock_request();
+        let mut backoff = Backoff::new();
         loop {
             match self.queue.enqueue(entry) {
                 Ok(Enqueued::Acquired(h)) => {
@@ -367,8 +368,11 @@ where
                     return;
                 }
                 Err(back) => {
+                    // The ring is full: its holder (or the consumer) is
+                    // draining it, on another worker or — once we yield —
+                    // on ours.
                     entry = back;
-                    U::yield_now();
+                    backoff.snooze(U::yield_now);
                 }
             }
         }
@@ -537,6 +541,7 @@ where
     /// if the lock turned out to be free and the request ran inline.
     fn delegate(&self, request: C::Request) -> bool {
         let mut entry = Entry::delegated(request);
+        let mut backoff = Backoff::new();
         loop {
             match self.queue.enqueue(entry) {
                 Ok(Enqueued::Queued(h)) => {
@@ -555,8 +560,11 @@ where
                     return true;
                 }
                 Err(back) => {
+                    // The ring is full: its holder (or the consumer) is
+                    // draining it, on another worker or — once we yield —
+                    // on ours.
                     entry = back;
-                    U::yield_now();
+                    backoff.snooze(U::yield_now);
                 }
             }
         }
