@@ -235,6 +235,7 @@ impl<I, Y, R, S: Stack, P: ContextPolicy> Coroutine<I, Y, R, S, P> {
     ///
     /// Panics if the coroutine is already done, and re-raises a panic that
     /// escaped the coroutine's function (the coroutine is then done).
+    #[inline]
     pub fn resume(&mut self, input: I) -> CoroutineResult<Y, R> {
         assert!(
             !self.done(),
@@ -266,6 +267,7 @@ impl<I, Y, R, S: Stack, P: ContextPolicy> Coroutine<I, Y, R, S, P> {
         }
     }
 
+    #[inline]
     fn switch_in(&mut self, msg: ToCoro<I>) -> Outcome<Y, R> {
         if self.state == State::NotStarted {
             // A coroutine never changes OS thread (it is not `Send`), so one
@@ -353,6 +355,7 @@ impl<I, Y, R, S: Stack, P: ContextPolicy> core::fmt::Debug for Coroutine<I, Y, R
 impl<I, Y, P: ContextPolicy> Yielder<I, Y, P> {
     /// Suspends the coroutine, handing `value` to the caller of
     /// [`Coroutine::resume`]; returns the input of the next resumption.
+    #[inline]
     pub fn suspend(&self, value: Y) -> I {
         let header = self.header;
         // SAFETY: we run inside the coroutine, so the header's pointers refer to
@@ -375,6 +378,7 @@ impl<I, Y, P: ContextPolicy> Yielder<I, Y, P> {
 /// # Safety
 ///
 /// Must run on the coroutine stack right after a resumption.
+#[inline]
 unsafe fn take_input<I, Y, P: ContextPolicy>(header: *mut Header<I, Y, P>) -> I {
     // SAFETY: the resumer stored a pointer to its message, read exactly once.
     match unsafe { ptr::read((*header).input) } {
