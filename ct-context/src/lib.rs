@@ -13,6 +13,12 @@
 //! | [`restore_context`](ContextPolicy::restore_context) | abandon current, switch to `next`, run `f`, continue `next` |
 //! | [`make_context`](ContextPolicy::make_context) | build a context that runs an entry function when first resumed |
 //!
+//! A sixth, [`swap_context_into`](ContextPolicy::swap_context_into), is the
+//! common special case of an ontop function that only stores the saved
+//! context somewhere (a coroutine's caller link): native policies do the store
+//! as part of the switch, without calling a function, which makes it about as
+//! cheap as a plain switch.
+//!
 //! Why ontop: a scheduler must make a suspended thread visible to other workers
 //! (push it on a deque, link it into a lock's queue) *after* its registers are
 //! saved, or a thief could resume it while it is still running. Running that
