@@ -155,6 +155,40 @@ mod tests {
         mutex_threads::<RawFairMutex<LoomItf>>(2, 3);
     }
 
+    /// Three threads, one of which takes the mutex twice: its second lock
+    /// can barge in right after its first unlock woke a waiter, so that the
+    /// woken waiter loses and parks again while a newcomer, which skipped its
+    /// own heavy fence relying on the first waiter's, is queued. Both must
+    /// still be woken (loom reports a deadlock otherwise).
+    #[test]
+    fn loom_mutex_woken_waiter_parks_again() {
+        model(2, || {
+            let m = Arc::new(RawMutex::<LoomItf>::unlocked());
+            let counter = Arc::new(ProtocolCell::new(0u32));
+            let ths: Vec<_> = [2u32, 1, 1]
+                .into_iter()
+                .map(|rounds| {
+                    let (m, counter) = (m.clone(), counter.clone());
+                    thread::spawn(move || {
+                        for _ in 0..rounds {
+                            m.lock();
+                            // SAFETY: the mutex is held.
+                            unsafe { counter.with_mut(|c| *c += 1) };
+                            // SAFETY: locked above.
+                            unsafe { m.unlock() };
+                        }
+                    })
+                })
+                .collect();
+            for t in ths {
+                t.join().unwrap();
+            }
+            // SAFETY: all threads joined.
+            assert_eq!(unsafe { counter.with_mut(|c| *c) }, 4);
+            assert!(!m.is_locked());
+        });
+    }
+
     #[test]
     fn loom_mutex_three_threads() {
         mutex_threads::<RawMutex<LoomItf>>(3, 1);

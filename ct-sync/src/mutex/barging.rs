@@ -14,8 +14,10 @@
 //! fences. The heavy fence is a system call that interrupts the other
 //! workers, so only the first waiter of a burst pays for it: once one
 //! waiter's fence has completed while the queue stayed non-empty, later
-//! waiters rely on it (the argument is at the fence in `park`) until the
-//! queue empties again.
+//! newcomers rely on it (the argument is at the fence in `park`) until the
+//! queue empties again. A woken waiter that lost the lock and parks again
+//! always fences: it has just cleared `WAKING`, which an unlock may have
+//! seen set and therefore not woken anybody.
 //!
 //! **Waiting.** A waiter that finds the lock held (after a short spin when
 //! there is more than one worker) parks in a node on its own stack, queued
@@ -369,16 +371,22 @@ impl<U: UltItf> RawMutex<U> {
                 if self.flags.load(Ordering::Relaxed) & parked_flags != parked_flags {
                     self.flags.fetch_or(parked_flags, Ordering::Relaxed);
                 }
-                (q.fenced, q.epoch)
+                // A woken waiter that lost (`lost`) has just cleared WAKING,
+                // which an unlock may have seen set and therefore not woken
+                // anybody: that store is newer than any earlier fence, so it
+                // always fences itself.
+                (q.fenced && !lost, q.epoch)
             };
             // Dekker with `unlock`: our PARKED store vs its `locked` store.
-            // Skipped when an earlier parker's fence completed while PARKED
-            // stayed set: every unlock that loads `flags` after that fence
-            // sees PARKED and wakes the queue's head, and one that loaded
-            // before it had released `locked` before it, so that parker's
-            // re-check saw the lock free, and it took itself out and went
-            // back to take the lock — and a release after that sees PARKED.
-            // Either way somebody keeps waking the queue in order.
+            // Skipped by a newcomer when an earlier parker's fence completed
+            // while PARKED stayed set: every unlock that loads `flags` after
+            // that fence sees PARKED and wakes the queue's head (or leaves it
+            // to a woken waiter on its way, which clears WAKING before it
+            // unlocks or re-parks with a fence), and one that loaded before
+            // it had released `locked` before it, so that parker's re-check
+            // saw the lock free, and it took itself out and went back to take
+            // the lock — and a release after that sees PARKED. Either way
+            // somebody keeps waking the queue in order.
             if !fenced {
                 heavy_fence();
             }
