@@ -738,7 +738,19 @@ impl<C: Config> Worker<C> {
         let shared = &*self.shared;
         loop {
             let mut retry = false;
-            match shared.injector.steal() {
+            // Look before stealing from the injector: a steal pins the epoch
+            // (a full fence) even when there is nothing to take, and the
+            // injector is usually empty. A look that misses new work is
+            // repeated in the next round, and `work_visible` looks again
+            // before sleeping. (Workers' deques are stolen from directly:
+            // looking at them first made idle workers scan them so often
+            // that their owners slowed down.)
+            let from_injector = if shared.injector.is_empty() {
+                crossbeam_deque::Steal::Empty
+            } else {
+                shared.injector.steal()
+            };
+            match from_injector {
                 crossbeam_deque::Steal::Success(t) => {
                     shared.aspect.steal(self.index, None);
                     return Some(t);
