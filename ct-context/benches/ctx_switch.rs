@@ -126,11 +126,8 @@ fn run_policy<P: ContextPolicy, const MODE: u8>(round_trips: usize) -> f64 {
             match MODE {
                 // Both saved contexts have fixed addresses from here on: each
                 // side switches from one call site at a fixed stack depth.
-                PLAIN => loop {
-                    v = switch::<P, PLAIN>(main, store_child::<P>, &CHILD, v + 1);
-                },
-                ONTOP_TRIVIAL => loop {
-                    v = switch::<P, ONTOP_TRIVIAL>(main, store_child::<P>, &CHILD, v + 1);
+                PLAIN | ONTOP_TRIVIAL => loop {
+                    v = switch::<P, MODE>(main, store_child::<P>, &CHILD, v + 1);
                 },
                 // Main sends its context; we send back ours.
                 ONTOP => loop {
@@ -156,23 +153,12 @@ fn run_policy<P: ContextPolicy, const MODE: u8>(round_trips: usize) -> f64 {
 
     let start = Instant::now();
     match MODE {
-        PLAIN => {
+        PLAIN | ONTOP_TRIVIAL => {
             // The first switch still lands in the child's warm-up call.
             let mut v = switch::<P, ONTOP_STORE>(c, store_main::<P>, &MAIN, v);
             let c = CHILD.load(Ordering::Relaxed);
             for i in 0..round_trips {
-                let r = switch::<P, PLAIN>(c, store_main::<P>, &MAIN, v);
-                if r != v + 1 {
-                    fail(&format!("round trip {i}: sent {v}, got {r}"));
-                }
-                v = r;
-            }
-        }
-        ONTOP_TRIVIAL => {
-            let mut v = switch::<P, ONTOP_STORE>(c, store_main::<P>, &MAIN, v);
-            let c = CHILD.load(Ordering::Relaxed);
-            for i in 0..round_trips {
-                let r = switch::<P, ONTOP_TRIVIAL>(c, store_main::<P>, &MAIN, v);
+                let r = switch::<P, MODE>(c, store_main::<P>, &MAIN, v);
                 if r != v + 1 {
                     fail(&format!("round trip {i}: sent {v}, got {r}"));
                 }

@@ -36,17 +36,7 @@ pub trait SuspendedThreadItf: Default + Send + Sync + 'static {
         for slot in slots {
             let mut spins = 0u32;
             while !slot.notify_home() {
-                #[cfg(loom)]
-                loom::thread::yield_now();
-                #[cfg(not(loom))]
-                if spins < 6 {
-                    for _ in 0..1u32 << spins {
-                        core::hint::spin_loop();
-                    }
-                    spins += 1;
-                } else {
-                    std::thread::yield_now();
-                }
+                crate::sync::snooze(&mut spins);
             }
         }
     }

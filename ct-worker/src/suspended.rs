@@ -258,14 +258,7 @@ impl<C: Config> SuspendedThread<C> {
                         if let Some(w) = w {
                             w.flush_home();
                         }
-                        if spins < 6 {
-                            for _ in 0..1u32 << spins {
-                                core::hint::spin_loop();
-                            }
-                            spins += 1;
-                        } else {
-                            std::thread::yield_now();
-                        }
+                        crate::sync::snooze(&mut spins);
                     }
                 }
             }
