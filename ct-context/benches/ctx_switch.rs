@@ -20,8 +20,13 @@
 //!   previous switch delivered, so that mode is a dependent chain of switches,
 //!   bound by latency, while `plain` can be overlapped by the processor.)
 //!
-//! Baselines in the same run: corosensei's own `resume` + `suspend`, and the
-//! safe `ct_context::Coroutine` (resume + suspend) for comparison.
+//! Baselines in the same run: corosensei's own `resume` + `suspend`, the safe
+//! `ct_context::Coroutine` (resume + suspend) for comparison, and `call-ret`:
+//! two indirect calls of a trivial `extern "C"` function per "round trip",
+//! each taking the previous result (a dependent chain, as the two ontop calls
+//! of an `ontop-trivial` round trip are), with no switch at all. It is the
+//! floor of what an ontop function adds to a round trip: `ontop-trivial` −
+//! `plain` ≈ `call-ret` means the switch adds nothing around the call.
 //! Output: JSON lines, ns per round trip (two switches).
 
 use std::convert::Infallible;
@@ -196,6 +201,29 @@ fn run_policy<P: ContextPolicy, const MODE: u8>(round_trips: usize) -> f64 {
     elapsed.as_nanos() as f64 / round_trips as f64
 }
 
+/// The `call-ret` baseline's function: what `keep_data` does, without a switch.
+#[inline(never)]
+extern "C" fn pass_value(_prev: usize, data: usize) -> usize {
+    data
+}
+
+fn run_call_ret(round_trips: usize) -> f64 {
+    // Through `black_box`, so the call stays an indirect call, as the ontop
+    // call is.
+    let f: extern "C" fn(usize, usize) -> usize = black_box(pass_value);
+    let mut v = 0usize;
+    let start = Instant::now();
+    for i in 0..round_trips {
+        v = f(i, v);
+        v = f(i, v) + 1;
+    }
+    let ns = start.elapsed().as_nanos() as f64 / round_trips as f64;
+    if v != round_trips {
+        fail("call-ret computed a wrong value");
+    }
+    ns
+}
+
 fn fail(msg: &str) -> ! {
     eprintln!("ctx_switch: {msg}");
     std::process::exit(1);
@@ -246,9 +274,10 @@ fn main() {
     if args.help() {
         eprintln!(
             "ctx_switch [--round-trips N (default 10000000)] [--runs R (default 7)]\n\
-             \x20          [--only x86_64,x86_64-fpu,portable,corosensei,ct-coroutine]\n\
+             \x20          [--only x86_64,x86_64-fpu,portable,corosensei,ct-coroutine,call-ret]\n\
              Prints one JSON line per policy and mode (plain, ontop-trivial, ontop,\n\
-             ontop-store, into), plus corosensei's resume+suspend and ct_context::Coroutine,\n\
+             ontop-store, into), plus corosensei's resume+suspend, ct_context::Coroutine\n\
+             and two calls of a trivial function (call-ret),\n\
              in ns per round trip (two switches)."
         );
         return;
@@ -307,5 +336,10 @@ fn main() {
             "ns",
             &s,
         );
+    }
+    if wanted("call-ret") {
+        eprintln!("call-ret...");
+        let s = repeat(runs, || run_call_ret(n));
+        emit(SUITE, BENCH, "call-ret", &params("two-calls"), "ns", &s);
     }
 }
