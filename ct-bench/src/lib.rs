@@ -9,6 +9,11 @@
 //!
 //! Each measurement is repeated after one warm-up run; the minimum, median and
 //! maximum are reported, since the machines this runs on are small and noisy.
+//! Measurements made with [`repeat`] on Linux also report
+//! `"host_steal_pct"`: the share of the machine's CPU time that the
+//! hypervisor gave to other guests while they ran (the `steal` column of
+//! `/proc/stat`). A multi-worker figure taken while the host steals time is
+//! not comparable with one taken while it does not.
 
 use std::fmt::Write as _;
 use std::time::Instant;
@@ -71,6 +76,9 @@ pub struct Stats {
     pub median: f64,
     /// Largest value.
     pub max: f64,
+    /// Percentage of all CPUs' time stolen by the hypervisor during the
+    /// measured runs (`None` where `/proc/stat` is unavailable).
+    pub host_steal_pct: Option<f64>,
 }
 
 impl Stats {
@@ -90,7 +98,52 @@ impl Stats {
             min: v[0],
             median,
             max: v[n - 1],
+            host_steal_pct: None,
         }
+    }
+}
+
+/// A reading of the machine-wide CPU time counters of `/proc/stat`, to
+/// tell how much time the hypervisor stole between two readings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTimes {
+    /// Ticks stolen by the hypervisor (all CPUs).
+    pub steal: u64,
+    /// All ticks (all CPUs, all states).
+    pub total: u64,
+}
+
+impl CpuTimes {
+    /// Reads `/proc/stat`; `None` where it does not exist or cannot be parsed.
+    pub fn now() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// Parses the aggregate `cpu` line of a `/proc/stat` text: user, nice,
+    /// system, idle, iowait, irq, softirq, steal, ... (the guest columns are
+    /// already included in user and nice, so they are not added again).
+    pub fn parse(text: &str) -> Option<Self> {
+        let line = text.lines().find(|l| l.starts_with("cpu "))?;
+        let cols: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|c| c.parse().ok())
+            .collect::<Option<_>>()?;
+        if cols.len() < 8 {
+            return None;
+        }
+        Some(CpuTimes {
+            steal: cols[7],
+            total: cols[..8].iter().sum(),
+        })
+    }
+
+    /// Percentage of the ticks between `self` and the later reading `later`
+    /// that were stolen; `None` if no tick passed.
+    pub fn steal_pct_until(&self, later: &CpuTimes) -> Option<f64> {
+        let total = later.total.checked_sub(self.total)?;
+        let steal = later.steal.checked_sub(self.steal)?;
+        (total > 0).then(|| 100.0 * steal as f64 / total as f64)
     }
 }
 
@@ -98,8 +151,13 @@ impl Stats {
 /// it returns (each run measures and returns its own figure, e.g. ns per op).
 pub fn repeat(runs: usize, mut f: impl FnMut() -> f64) -> Stats {
     let _ = f();
+    let before = CpuTimes::now();
     let samples: Vec<f64> = (0..runs.max(1)).map(|_| f()).collect();
-    Stats::from_samples(&samples)
+    let mut stats = Stats::from_samples(&samples);
+    if let (Some(b), Some(a)) = (before, CpuTimes::now()) {
+        stats.host_steal_pct = b.steal_pct_until(&a);
+    }
+    stats
 }
 
 /// Round-trip time of one cache line between two OS threads (each waits for
@@ -180,7 +238,7 @@ pub fn json_line(
     }
     write!(
         s,
-        "}},\"unit\":{},\"runs\":{},\"min\":{},\"median\":{},\"max\":{}}}",
+        "}},\"unit\":{},\"runs\":{},\"min\":{},\"median\":{},\"max\":{}",
         quote(unit),
         stats.runs,
         num(stats.min),
@@ -188,6 +246,10 @@ pub fn json_line(
         num(stats.max)
     )
     .unwrap();
+    if let Some(p) = stats.host_steal_pct {
+        write!(s, ",\"host_steal_pct\":{}", num(p)).unwrap();
+    }
+    s.push('}');
     s
 }
 
@@ -364,6 +426,52 @@ mod tests {
             line,
             r#"{"suite":"ct-worker","bench":"fib","impl":"ct\"worker","params":{"n":30,"mode":"x"},"unit":"s","runs":3,"min":1.5,"median":2,"max":2.25}"#
         );
+    }
+
+    #[test]
+    fn json_reports_host_steal() {
+        let mut s = Stats::from_samples(&[1.0]);
+        s.host_steal_pct = Some(12.5);
+        let line = json_line("a", "b", "c", &[], "s", &s);
+        assert_eq!(
+            line,
+            r#"{"suite":"a","bench":"b","impl":"c","params":{},"unit":"s","runs":1,"min":1,"median":1,"max":1,"host_steal_pct":12.5}"#
+        );
+    }
+
+    #[test]
+    fn cpu_times_parse_and_steal() {
+        let before = "cpu  100 0 50 800 10 0 5 35 7 0\ncpu0 50 0 25 400 5 0 2 18 0 0\n";
+        let after = "cpu  200 0 100 1500 10 0 10 85 9 0\n";
+        let b = CpuTimes::parse(before).unwrap();
+        assert_eq!(
+            b,
+            CpuTimes {
+                steal: 35,
+                total: 1000
+            }
+        );
+        let a = CpuTimes::parse(after).unwrap();
+        // 905 more ticks, 50 of them stolen.
+        let pct = b.steal_pct_until(&a).unwrap();
+        assert!((pct - 100.0 * 50.0 / 905.0).abs() < 1e-9, "{pct}");
+        assert_eq!(b.steal_pct_until(&b), None);
+        assert_eq!(CpuTimes::parse("cpu0 1 2 3\n"), None);
+        assert_eq!(CpuTimes::parse("cpu  1 2 x 4 5 6 7 8\n"), None);
+        assert_eq!(CpuTimes::parse("cpu  1 2 3 4 5 6 7\n"), None);
+    }
+
+    #[test]
+    fn repeat_reports_host_steal_on_linux() {
+        let s = repeat(2, || {
+            let t = Instant::now();
+            while t.elapsed().as_millis() < 30 {}
+            1.0
+        });
+        if cfg!(target_os = "linux") {
+            let p = s.host_steal_pct.expect("steal measured");
+            assert!((0.0..=100.0).contains(&p), "{p}");
+        }
     }
 
     #[test]
