@@ -15,9 +15,10 @@
 //! workers, so only the first waiter of a burst pays for it: once one
 //! waiter's fence has completed while the queue stayed non-empty, later
 //! newcomers rely on it (the argument is at the fence in `park`), and park
-//! without re-reading `locked`, until the queue empties again. A woken waiter that lost the lock and parks again
-//! always fences: it has just cleared `WAKING`, which an unlock may have
-//! seen set and therefore not woken anybody.
+//! without re-reading `locked`, until the queue empties again. A woken
+//! waiter that lost the lock and parks again always fences: it has just
+//! cleared `WAKING`, which an unlock may have seen set and therefore not
+//! woken anybody.
 //!
 //! **Waiting.** A waiter that finds the lock held (after a short spin when
 //! there is more than one worker) parks in a node on its own stack, queued
