@@ -34,9 +34,12 @@
 //! A running thread may take a free lock before the woken one does
 //! (*barging*: a thread that re-locks at once keeps the lock on its core,
 //! which is what makes a contended lock fast). The woken thread keeps
-//! `WAKING` and spins for a while (tens of microseconds, yielding now and
-//! then) trying the lock; newcomers, by contrast, spin only briefly and only
-//! while nobody is parked, so that a contended lock settles on one core
+//! `WAKING` and watches the lock for up to about a millisecond, yielding now
+//! and then; it takes the lock only once it has gone quiet (free, and not
+//! released since the previous look), so it does not pull a lock away from a
+//! thread on another core that keeps re-taking it, and it asks for a
+//! hand-off if the lock never goes quiet. Newcomers spin only briefly and
+//! only while nobody is parked, so that a contended lock settles on one core
 //! instead of bouncing between two.
 //!
 //! Woken waiters go back to the worker they parked on
@@ -69,10 +72,16 @@ use crate::sync::{
 /// with more than one worker and while nobody is parked.
 const NEWCOMER_SPIN_ROUNDS: u32 = 4;
 
-/// Spin rounds of a woken waiter before it gives up and asks for a hand-off
-/// (about 3,800 pause instructions, tens of microseconds, yielding every 8
-/// rounds).
-const WOKEN_SPIN_ROUNDS: u32 = 64;
+/// Polls of a woken waiter before it gives up and asks for a hand-off: the
+/// gaps grow from 1 to [`WOKEN_MAX_GAP_SHIFT`] pause instructions, so the
+/// whole wait is about 39,000 pauses (about 1 ms where a pause takes 25 ns,
+/// as on the AMD EPYC this was tuned on), yielding every 8 polls.
+const WOKEN_POLLS: u32 = 160;
+
+/// Longest gap between a woken waiter's polls: 2^8 = 256 pause
+/// instructions (6.4 µs at 25 ns a pause). Each poll costs a holder on
+/// another core one cache miss on its next acquisition.
+const WOKEN_MAX_GAP_SHIFT: u32 = 8;
 
 // `flags` bits.
 /// The wait queue is not empty.
@@ -244,6 +253,11 @@ unsafe fn wake<U: UltItf>(w: NonNull<Waiter<U>>, how: u8) {
 pub struct RawMutex<U: UltItf = Ult> {
     locked: AtomicU8,
     flags: AtomicU8,
+    /// Releases counted while a woken waiter watches the lock (wrapping):
+    /// it tells a lock that is being re-taken all the time from one that
+    /// has gone quiet. A hint outside the protocol, so it is a plain atomic
+    /// even under loom.
+    releases: core::sync::atomic::AtomicU32,
     queue: SpinLock<WaitQueue<U>>,
 }
 
@@ -268,6 +282,7 @@ impl<U: UltItf> RawMutex<U> {
         RawMutex {
             locked: AtomicU8::new(0),
             flags: AtomicU8::new(0),
+            releases: core::sync::atomic::AtomicU32::new(0),
             queue: SpinLock::new(WaitQueue::new()),
         }
     }
@@ -278,6 +293,7 @@ impl<U: UltItf> RawMutex<U> {
         RawMutex {
             locked: AtomicU8::new(0),
             flags: AtomicU8::new(0),
+            releases: core::sync::atomic::AtomicU32::new(0),
             queue: SpinLock::new(WaitQueue::new()),
         }
     }
@@ -291,24 +307,56 @@ impl<U: UltItf> RawMutex<U> {
                 .is_ok()
     }
 
-    /// Spins up to `rounds` rounds (1, 2, 4, … 64 pause instructions each,
-    /// yielding the thread every 8 rounds) trying to take the lock. With
-    /// `newcomer`, stops as soon as threads are parked: once waiters queue
-    /// up, a newcomer that spun and won would keep the lock bouncing between
-    /// cores, so it parks instead and the holder runs on undisturbed.
-    fn spin_acquire(&self, rounds: u32, newcomer: bool) -> bool {
-        for round in 0..rounds {
-            if newcomer && self.flags.load(Ordering::Relaxed) & PARKED != 0 {
+    /// A newcomer's short spin ([`NEWCOMER_SPIN_ROUNDS`] rounds of 1, 2, 4,
+    /// 8 pause instructions) for a lock held on another core. Stops as soon
+    /// as threads are parked: once waiters queue up, a newcomer that spun and
+    /// won would keep the lock bouncing between cores, so it parks instead
+    /// and the holder runs on undisturbed.
+    fn newcomer_spin(&self) -> bool {
+        for round in 0..NEWCOMER_SPIN_ROUNDS {
+            if self.flags.load(Ordering::Relaxed) & PARKED != 0 {
                 return false;
             }
-            for _ in 0..1u32 << round.min(6) {
+            for _ in 0..1u32 << round {
                 core::hint::spin_loop();
             }
             if self.try_acquire() {
                 return true;
             }
-            if round % 8 == 7 {
+        }
+        false
+    }
+
+    /// How a woken waiter (holding `WAKING`) tries for the lock: it polls,
+    /// with growing gaps, and takes the lock only when it is free *and* no
+    /// release happened since the previous poll. A lock that a thread on
+    /// another core keeps re-taking (free for a few nanoseconds at a time)
+    /// is left to it: winning it would move the lock, and that thread would
+    /// become a waiter, to be woken in turn, moving it back — with two
+    /// workers every wake-up was a migration, about 25,000 per run of the
+    /// mutex bench. Meanwhile `WAKING` keeps further unlocks from waking
+    /// anybody (they only count themselves in `releases`), so the holder's
+    /// unlocks stay cheap. When the lock goes quiet
+    /// the waiter takes it within one gap; if it stays busy for all of
+    /// [`WOKEN_POLLS`], the waiter asks for a hand-off, which bounds how long
+    /// a busy lock can pass it over (about 1 ms).
+    fn woken_acquire(&self) -> bool {
+        use core::sync::atomic::Ordering::Relaxed;
+        let mut seen = self.releases.load(Relaxed);
+        for poll in 0..WOKEN_POLLS {
+            for _ in 0..1u32 << poll.min(WOKEN_MAX_GAP_SHIFT) {
+                core::hint::spin_loop();
+            }
+            let now = self.releases.load(Relaxed);
+            if now == seen && self.try_acquire() {
+                return true;
+            }
+            seen = now;
+            if poll % 8 == 7 {
                 U::yield_now();
+                // Other threads ran meanwhile, for an unknown time, so the
+                // last look says nothing about the lock now: start anew.
+                seen = self.releases.load(Relaxed);
             }
         }
         false
@@ -326,7 +374,7 @@ impl<U: UltItf> RawMutex<U> {
         let multi = U::num_workers() > 1;
         let mut woken = false;
         loop {
-            if (multi && self.spin_acquire(NEWCOMER_SPIN_ROUNDS, true)) || self.try_acquire() {
+            if (multi && self.newcomer_spin()) || self.try_acquire() {
                 return;
             }
             match self.park(&waiter, woken) {
@@ -334,7 +382,7 @@ impl<U: UltItf> RawMutex<U> {
                 Woke::Woken => {
                     // We were woken to take the lock: keep WAKING (no other
                     // waiter is woken meanwhile) and try for a while.
-                    let won = multi && self.spin_acquire(WOKEN_SPIN_ROUNDS, false);
+                    let won = multi && self.woken_acquire();
                     self.flags.fetch_and(!WAKING, Ordering::Relaxed);
                     if won {
                         return;
@@ -462,6 +510,25 @@ impl<U: UltItf> RawMutex<U> {
         }
     }
 
+    /// The part of an unlock that looks at `flags` (`f`, loaded after the
+    /// release): while a woken waiter watches the lock (`WAKING`), count the
+    /// release for it (see [`RawMutex::woken_acquire`]); otherwise wake the
+    /// first parked waiter, if any.
+    #[cold]
+    #[inline(never)]
+    fn after_release(&self, f: u8) {
+        if f & WAKING != 0 {
+            // After our release another thread may bump it too and one
+            // increment may be lost: the count is a hint, and a lock that is
+            // being re-taken changes it many times between two looks.
+            let n = self.releases.load(core::sync::atomic::Ordering::Relaxed);
+            self.releases
+                .store(n.wrapping_add(1), core::sync::atomic::Ordering::Relaxed);
+        } else if f & PARKED != 0 {
+            self.wake_one();
+        }
+    }
+
     /// Wakes the first waiter after a release, unless another woken waiter
     /// is already on its way.
     #[cold]
@@ -533,8 +600,9 @@ unsafe impl<U: UltItf> RawLock<U> for RawMutex<U> {
         self.locked.store(0, Ordering::Release);
         // Dekker with `park`: our `locked` store vs a waiter's PARKED store.
         light_fence();
-        if self.flags.load(Ordering::Relaxed) & (PARKED | WAKING) == PARKED {
-            self.wake_one();
+        let f = self.flags.load(Ordering::Relaxed);
+        if f != 0 {
+            self.after_release(f);
         }
     }
 
