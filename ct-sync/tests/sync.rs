@@ -96,17 +96,16 @@ fn mutex_50_threads_10k_increments() {
     });
 }
 
-/// One thread holds the lock almost all the time (about 2 µs per
+/// One thread holds the lock almost all the time (about 0.5 µs per
 /// acquisition, re-taken at once, no yields) until another thread, which
 /// asked for the lock once, has got it. The barging protocol lets the busy
-/// thread keep the lock for a while, and the lock is never free for long
-/// enough to look quiet to the woken waiter; but a woken waiter that never
-/// finds the lock quiet asks for a hand-off, so it gets the lock within
-/// about a millisecond (a few hundred of the busy thread's acquisitions).
-/// Without that bound the waiter gets in only when the busy thread happens
-/// to be descheduled between two acquisitions, which took 11 and 34 s (5 to
-/// 17 million acquisitions) in trials with the bound removed. Returns how
-/// many times the busy thread took the lock while the waiter was waiting.
+/// thread keep the lock for a while, and a lock released this often never
+/// looks quiet to the woken waiter; but a woken waiter that never finds the
+/// lock quiet asks for a hand-off, so it gets the lock within about a
+/// millisecond (a few thousand of the busy thread's acquisitions at most).
+/// Without that bound the waiter gets in only by luck: in trials with the
+/// bound removed it was passed over 0.4 to 3 million times. Returns how many
+/// times the busy thread took the lock while the waiter was waiting.
 fn busy_lock_is_handed_over<U: UltItf, R: RawLock<U> + 'static>() -> u64 {
     let m = Arc::new(Mutex::<u64, U, R>::new_in(0));
     // 0: nobody waits; 1: the waiter has asked; 2: the waiter got the lock.
@@ -123,7 +122,7 @@ fn busy_lock_is_handed_over<U: UltItf, R: RawLock<U> + 'static>() -> u64 {
                     _ => {}
                 }
                 *g += 1;
-                for _ in 0..80 {
+                for _ in 0..20 {
                     std::hint::spin_loop();
                 }
                 drop(g);
@@ -151,7 +150,7 @@ fn busy_lock_is_handed_over<U: UltItf, R: RawLock<U> + 'static>() -> u64 {
 fn busy_lock_does_not_starve_a_waiter() {
     with_timeout(120, || {
         // A bound on how often a waiter is passed over, with a wide margin
-        // (expected: at most hundreds; without the hand-off: millions). A
+        // (expected: at most thousands; without the hand-off: millions). A
         // waiter often gets in before it is woken at all (while it spins, or
         // after its parking fence), so several rounds make it likely that one
         // goes through the woken waiter's path.

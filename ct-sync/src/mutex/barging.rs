@@ -35,12 +35,12 @@
 //! (*barging*: a thread that re-locks at once keeps the lock on its core,
 //! which is what makes a contended lock fast). The woken thread keeps
 //! `WAKING` and watches the lock for up to about a millisecond, yielding now
-//! and then; it takes the lock only once it has gone quiet (free, and not
-//! released since the previous look), so it does not pull a lock away from a
-//! thread on another core that keeps re-taking it, and it asks for a
-//! hand-off if the lock never goes quiet. Newcomers spin only briefly and
-//! only while nobody is parked, so that a contended lock settles on one core
-//! instead of bouncing between two.
+//! and then; it takes the lock only once it has gone quiet (free, and
+//! released at most twice since the previous look), so it does not pull a
+//! lock away from a thread on another core that keeps re-taking it, and it
+//! asks for a hand-off if the lock never goes quiet. Newcomers spin only
+//! briefly and only while nobody is parked, so that a contended lock
+//! settles on one core instead of bouncing between two.
 //!
 //! Woken waiters go back to the worker they parked on
 //! ([`notify_home`](ct_worker::SuspendedThreadItf::notify_home)), so that a
@@ -77,6 +77,12 @@ const NEWCOMER_SPIN_ROUNDS: u32 = 4;
 /// whole wait is about 39,000 pauses (about 1 ms where a pause takes 25 ns,
 /// as on the AMD EPYC this was tuned on), yielding every 8 polls.
 const WOKEN_POLLS: u32 = 160;
+
+/// Releases between two of a woken waiter's polls up to which it still
+/// takes a free lock: a lock released this rarely is not being re-taken in a
+/// tight loop, and waiting for a poll with none at all would keep a waiter
+/// out of a lock that is free most of the time.
+const WOKEN_QUIET_RELEASES: u32 = 2;
 
 /// Longest gap between a woken waiter's polls: 2^8 = 256 pause
 /// instructions (6.4 µs at 25 ns a pause). Each poll costs a holder on
@@ -328,8 +334,9 @@ impl<U: UltItf> RawMutex<U> {
     }
 
     /// How a woken waiter (holding `WAKING`) tries for the lock: it polls,
-    /// with growing gaps, and takes the lock only when it is free *and* no
-    /// release happened since the previous poll. A lock that a thread on
+    /// with growing gaps, and takes the lock only when it is free *and* at
+    /// most [`WOKEN_QUIET_RELEASES`] releases happened since the previous
+    /// poll. A lock that a thread on
     /// another core keeps re-taking (free for a few nanoseconds at a time)
     /// is left to it: winning it would move the lock, and that thread would
     /// become a waiter, to be woken in turn, moving it back — with two
@@ -348,7 +355,7 @@ impl<U: UltItf> RawMutex<U> {
                 core::hint::spin_loop();
             }
             let now = self.releases.load(Relaxed);
-            if now == seen && self.try_acquire() {
+            if now.wrapping_sub(seen) <= WOKEN_QUIET_RELEASES && self.try_acquire() {
                 return true;
             }
             seen = now;
