@@ -3,8 +3,9 @@
 //! - [`RawMutex`] (under [`Mutex`], the default): one CAS to lock, a store
 //!   and a load to unlock; waiters park in a FIFO queue and a running thread
 //!   may take a free lock before a woken waiter does (*barging*), which keeps
-//!   a contended lock on one core. A waiter that loses repeatedly gets the
-//!   lock handed to it directly, so nobody starves. See [`barging`].
+//!   a contended lock on one core. A woken waiter that cannot get the lock
+//!   within about a millisecond has it handed to it directly, so nobody
+//!   starves. See [`barging`].
 //! - [`RawFairMutex`] (under [`FairMutex`]): the MCS queue lock with direct
 //!   hand-off — strict FIFO, every contended acquisition is a hand-off to the
 //!   next parked waiter. See [`fair`].
