@@ -59,6 +59,8 @@
 //! [`wait_with`]: ct_worker::SuspendedThreadItf::wait_with
 
 use core::ptr::{self, NonNull};
+// Not the loom type: `releases` is a hint outside the modelled protocol.
+use core::sync::atomic::AtomicU32 as PlainAtomicU32;
 
 use ct_worker::{SuspendedThreadItf, Ult, UltItf};
 
@@ -263,7 +265,7 @@ pub struct RawMutex<U: UltItf = Ult> {
     /// it tells a lock that is being re-taken all the time from one that
     /// has gone quiet. A hint outside the protocol, so it is a plain atomic
     /// even under loom.
-    releases: core::sync::atomic::AtomicU32,
+    releases: PlainAtomicU32,
     queue: SpinLock<WaitQueue<U>>,
 }
 
@@ -288,7 +290,7 @@ impl<U: UltItf> RawMutex<U> {
         RawMutex {
             locked: AtomicU8::new(0),
             flags: AtomicU8::new(0),
-            releases: core::sync::atomic::AtomicU32::new(0),
+            releases: PlainAtomicU32::new(0),
             queue: SpinLock::new(WaitQueue::new()),
         }
     }
@@ -299,7 +301,7 @@ impl<U: UltItf> RawMutex<U> {
         RawMutex {
             locked: AtomicU8::new(0),
             flags: AtomicU8::new(0),
-            releases: core::sync::atomic::AtomicU32::new(0),
+            releases: PlainAtomicU32::new(0),
             queue: SpinLock::new(WaitQueue::new()),
         }
     }
@@ -348,7 +350,7 @@ impl<U: UltItf> RawMutex<U> {
     /// [`WOKEN_POLLS`], the waiter asks for a hand-off, which bounds how long
     /// a busy lock can pass it over (about 1 ms).
     fn woken_acquire(&self) -> bool {
-        use core::sync::atomic::Ordering::Relaxed;
+        use Ordering::Relaxed;
         let mut seen = self.releases.load(Relaxed);
         for poll in 0..WOKEN_POLLS {
             for _ in 0..1u32 << poll.min(WOKEN_MAX_GAP_SHIFT) {
@@ -528,9 +530,8 @@ impl<U: UltItf> RawMutex<U> {
             // After our release another thread may bump it too and one
             // increment may be lost: the count is a hint, and a lock that is
             // being re-taken changes it many times between two looks.
-            let n = self.releases.load(core::sync::atomic::Ordering::Relaxed);
-            self.releases
-                .store(n.wrapping_add(1), core::sync::atomic::Ordering::Relaxed);
+            let n = self.releases.load(Ordering::Relaxed);
+            self.releases.store(n.wrapping_add(1), Ordering::Relaxed);
         } else if f & PARKED != 0 {
             self.wake_one();
         }
