@@ -21,9 +21,11 @@
 //!   construct of the higher crates (mutexes, condition variables,
 //!   delegators, DSM waits) is built on. `notify` makes the woken thread
 //!   runnable on the waker's worker; [`SuspendedThread::notify_home`] sends
-//!   it back to the worker it parked on, through that worker's inbox (idle
-//!   workers take inboxes only after idling a while), which keeps a
-//!   barrier's waiters from all being stolen and migrated every episode.
+//!   it back to the worker it parked on, into that worker's home queue
+//!   (through its inbox when woken elsewhere). Other workers take threads
+//!   from home queues and inboxes only after idling a while (a few
+//!   microseconds), not the moment they run out of work, which keeps a
+//!   barrier's waiters on their workers from episode to episode.
 //! - **Per-worker pools** of stacks and descriptors that return memory to the
 //!   worker that allocated it.
 //! - **Aspects** ([`Aspect`]): zero-cost by default; [`StatsConfig`] counts

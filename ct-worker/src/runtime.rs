@@ -42,6 +42,13 @@ pub(crate) fn lookup<C: Config>(id: usize) -> Option<Arc<Shared<C>>> {
 
 /// Spin rounds (with exponential pause counts) before an idle worker yields.
 const IDLE_SPINS: u32 = 12;
+/// Idle rounds (126 pause instructions in all, about 3 µs here) before a
+/// worker takes threads from other workers' home queues and inboxes: a
+/// thread woken for the worker it parked on stays there if that worker gets
+/// to it soon (its stack and data are in that core's cache; moving it costs
+/// several cache-line transfers, 0.1-0.5 µs each), yet a busy worker cannot
+/// keep it for long. Stealing from deques starts at once.
+const HOME_STEAL_ROUNDS: u32 = 6;
 /// `thread::yield_now` rounds before an idle worker sleeps.
 const IDLE_YIELDS: u32 = 6;
 /// First and longest sleep of an idle worker. Sleeping is timed so that a
@@ -156,8 +163,11 @@ pub(crate) struct Shared<C: Config> {
     pub(crate) id: usize,
     pub(crate) workers: usize,
     pub(crate) stealers: Vec<Stealer<C>>,
+    /// Stealers of the workers' home queues (threads sent home).
+    pub(crate) home_stealers: Vec<Stealer<C>>,
     /// Per worker: threads woken elsewhere and sent home to it
-    /// (`notify_home`); drained by the worker, or taken by thieves.
+    /// (`notify_home`); drained by the worker into its home queue, or taken
+    /// by workers that have idled a while.
     pub(crate) inboxes: Box<[CachePadded<RemoteList<TaskDesc<C>>>]>,
     pub(crate) injector: Injector<TaskRef<C>>,
     pub(crate) descs: SharedPool<TaskDesc<C>>,
@@ -268,15 +278,19 @@ impl Builder {
         }
         let mut deques = Vec::with_capacity(workers);
         let mut stealers = Vec::with_capacity(workers);
+        let mut home_stealers = Vec::with_capacity(workers);
         for _ in 0..workers {
             let (d, s) = <C::Deque<TaskRef<C>> as WorkerDeque<TaskRef<C>>>::new();
-            deques.push(d);
+            let (h, hs) = <C::Deque<TaskRef<C>> as WorkerDeque<TaskRef<C>>>::new();
+            deques.push((d, h));
             stealers.push(s);
+            home_stealers.push(hs);
         }
         let shared = Arc::new(Shared::<C> {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             workers,
             stealers,
+            home_stealers,
             inboxes: (0..workers)
                 .map(|_| CachePadded::new(RemoteList::new()))
                 .collect(),
@@ -304,11 +318,11 @@ impl Builder {
         }
 
         let mut threads = Vec::with_capacity(workers);
-        for (index, deque) in deques.into_iter().enumerate() {
+        for (index, (deque, home)) in deques.into_iter().enumerate() {
             let sh = shared.clone();
             let spawned = thread::Builder::new()
                 .name(format!("{}-{index}", self.name))
-                .spawn(move || worker_main(sh, index, deque));
+                .spawn(move || worker_main(sh, index, deque, home));
             match spawned {
                 Ok(h) => threads.push(h),
                 Err(e) => {
@@ -322,10 +336,15 @@ impl Builder {
     }
 }
 
-fn worker_main<C: Config>(shared: Arc<Shared<C>>, index: usize, deque: C::Deque<TaskRef<C>>) {
+fn worker_main<C: Config>(
+    shared: Arc<Shared<C>>,
+    index: usize,
+    deque: C::Deque<TaskRef<C>>,
+    home: C::Deque<TaskRef<C>>,
+) {
     ct_context::trap::ensure_alt_stack();
     let _ = shared.sleep.threads[index].set(thread::current());
-    let worker = Box::new(Worker::new(shared.clone(), index, deque));
+    let worker = Box::new(Worker::new(shared.clone(), index, deque, home));
     worker.enter();
     run_loop(&worker);
     worker.leave();
@@ -337,9 +356,10 @@ fn run_loop<C: Config>(w: &Worker<C>) {
     let shared = &*w.shared;
     let mut idle_rounds = 0u32;
     loop {
-        // Other workers' inboxes: once idle for a while, and always when
-        // shutting down (their owners may have exited already).
-        let take_inboxes = idle_rounds >= IDLE_SPINS || shared.shutdown.load(Ordering::Relaxed);
+        // Other workers' home queues and inboxes: once idle for a while, and
+        // always when shutting down (their owners may have exited already).
+        let take_inboxes =
+            idle_rounds >= HOME_STEAL_ROUNDS || shared.shutdown.load(Ordering::Relaxed);
         if let Some(t) = w.find_work(take_inboxes) {
             if idle_rounds != 0 {
                 shared.aspect.idle_end(w.index);

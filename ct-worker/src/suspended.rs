@@ -193,10 +193,13 @@ impl<C: Config> SuspendedThread<C> {
     }
 
     /// Like [`SuspendedThread::notify`], but makes the thread runnable on the
-    /// worker it parked on (through that worker's inbox, waking it if it
-    /// sleeps) instead of the caller's: for wake-ups of many threads at once
-    /// (a barrier), which would otherwise all land on the waker's deque and
-    /// be stolen one by one. Returns whether a thread was parked.
+    /// worker it parked on, in that worker's home queue (through its inbox,
+    /// waking it if it sleeps, when called on another worker), instead of on
+    /// the caller's deque: for wake-ups of many threads at once (a barrier),
+    /// which would otherwise all land on the waker's deque and be stolen one
+    /// by one. Other workers take a thread from a home queue only once they
+    /// have idled a while, so a woken thread stays where its data is unless
+    /// its worker stays busy. Returns whether a thread was parked.
     pub fn notify_home(&self) -> bool {
         match self.take() {
             None => false,
@@ -221,8 +224,7 @@ impl<C: Config> SuspendedThread<C> {
     /// worker, it pushes the threads for each other worker to that worker's
     /// inbox with one atomic operation (and one wake-up check), instead of
     /// one per thread: the inbox's cache line crosses cores once per batch;
-    /// the caller's own threads go onto its deque last, so that idle workers
-    /// find their own threads before they would steal the caller's.
+    /// the caller's own threads go into its home queue last.
     ///
     /// The wait at an empty slot spins (and yields the OS thread), so every
     /// slot's thread must already be on its way to parking without needing

@@ -86,6 +86,15 @@ pub(crate) struct Worker<C: Config> {
     pub(crate) shared: Arc<Shared<C>>,
     pub(crate) index: usize,
     pub(crate) deque: C::Deque<TaskRef<C>>,
+    /// Threads woken and sent home to this worker ([`Worker::push_home`]):
+    /// run before the deque's items, and stolen only by workers that have
+    /// idled a while (`take_inboxes` in [`Worker::find_work`]), unlike the
+    /// deque's items, which idle workers steal at once.
+    home: C::Deque<TaskRef<C>>,
+    /// Whether `home` may hold threads: set by this worker when it pushes
+    /// there, cleared when it finds `home` empty (thieves never set it), so
+    /// that a switch does not look at an empty home queue.
+    home_hint: Cell<bool>,
     /// The thread running on this worker; `None` while the scheduler loop runs.
     running: Cell<Option<TaskRef<C>>>,
     /// The scheduler loop's continuation while a thread runs.
@@ -108,7 +117,12 @@ unsafe fn locals_of<C: Config>(b: *const WorkerBase) -> Option<LocalsCell> {
 }
 
 impl<C: Config> Worker<C> {
-    pub(crate) fn new(shared: Arc<Shared<C>>, index: usize, deque: C::Deque<TaskRef<C>>) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared<C>>,
+        index: usize,
+        deque: C::Deque<TaskRef<C>>,
+        home: C::Deque<TaskRef<C>>,
+    ) -> Self {
         Worker {
             base: WorkerBase {
                 type_id: TypeId::of::<C>(),
@@ -119,6 +133,8 @@ impl<C: Config> Worker<C> {
             },
             index,
             deque,
+            home,
+            home_hint: Cell::new(false),
             running: Cell::new(None),
             sched_ctx: UnsafeCell::new(None),
             rng: Rng::new(index as u64 ^ (shared.id as u64) << 32),
@@ -276,7 +292,7 @@ impl<C: Config> Worker<C> {
     #[inline]
     fn next_to_run(&self) -> (Context<C::Policy>, Option<TaskRef<C>>) {
         self.drain_inbox(self.index);
-        match self.deque.pop() {
+        match self.pop_local() {
             // SAFETY: a popped thread is ours to resume.
             Some(t) => (unsafe { self.ctx_of_taken(t) }, Some(t)),
             // SAFETY: while a thread runs, the scheduler's context is saved.
@@ -304,8 +320,29 @@ impl<C: Config> Worker<C> {
         }
     }
 
-    /// Moves the threads sent home to worker `from` (this one, or a victim)
-    /// onto this worker's deque, oldest on top. Returns whether there were any.
+    /// The next thread of this worker's own: a thread sent home, else the
+    /// newest item of the deque.
+    #[inline]
+    fn pop_local(&self) -> Option<TaskRef<C>> {
+        if self.home_hint.get() {
+            if let Some(t) = self.home.pop() {
+                return Some(t);
+            }
+            self.home_hint.set(false);
+        }
+        self.deque.pop()
+    }
+
+    /// Makes `t`, woken and sent home to this worker, runnable here.
+    #[inline]
+    fn push_home_local(&self, t: TaskRef<C>) {
+        self.home.push(t);
+        self.home_hint.set(true);
+    }
+
+    /// Moves the threads sent home to worker `from` onto this worker's home
+    /// queue (its own inbox) or its deque (a victim's), oldest on top.
+    /// Returns whether there were any.
     #[inline]
     fn drain_inbox(&self, from: usize) -> bool {
         let inbox = &self.shared.inboxes[from];
@@ -322,19 +359,25 @@ impl<C: Config> Worker<C> {
         for d in crate::remote_list::drain(first) {
             // SAFETY: inbox entries are suspended threads whose wake-up was
             // handed to the inbox; taking them makes them ours.
-            self.deque
-                .push(TaskRef::new(unsafe { NonNull::new_unchecked(d) }));
+            let t = TaskRef::new(unsafe { NonNull::new_unchecked(d) });
+            if from == self.index {
+                self.push_home_local(t);
+            } else {
+                self.deque.push(t);
+            }
             any = true;
         }
         any
     }
 
-    /// Makes a woken thread runnable on the worker it parked on: here, or
-    /// through that worker's inbox (waking the worker if it sleeps).
+    /// Makes a woken thread runnable on the worker it parked on: in this
+    /// worker's home queue, or through that worker's inbox (waking the
+    /// worker if it sleeps), which that worker drains into its home queue.
     pub(crate) fn push_home(&self, t: TaskRef<C>) {
         let home = t.desc().home.get();
         if home == self.index || home >= self.shared.workers {
-            self.push(t);
+            self.push_home_local(t);
+            self.shared.sleep.notify_relaxed();
         } else {
             // SAFETY: we own the thread's wake-up and hand it to the inbox.
             unsafe { self.shared.inboxes[home].push(t.ptr().as_ptr()) };
@@ -383,9 +426,8 @@ impl<C: Config> Worker<C> {
 
     /// Makes the threads collected by [`Worker::push_home_batched`]
     /// runnable: first the other workers' (pushed to their inboxes, waking
-    /// those workers if they sleep), then this worker's own (onto its deque),
-    /// so that an idle worker finds its own threads in its inbox before it
-    /// would steal ours.
+    /// those workers if they sleep), then this worker's own (into its home
+    /// queue).
     pub(crate) fn flush_home(&self) {
         for home in (0..self.shared.workers).filter(|&h| h != self.index) {
             // SAFETY: as in `push_home_batched`.
@@ -404,10 +446,14 @@ impl<C: Config> Worker<C> {
         let (first, last) = unsafe { &mut (*self.home_chains.get())[self.index] };
         let chain = core::mem::replace(first, ptr::null_mut());
         *last = ptr::null_mut();
+        let any = !chain.is_null();
         for d in crate::remote_list::drain(chain) {
             // SAFETY: chained by `push_home_batched`: suspended threads
             // whose wake-up we own.
-            self.push(TaskRef::new(unsafe { NonNull::new_unchecked(d) }));
+            self.push_home_local(TaskRef::new(unsafe { NonNull::new_unchecked(d) }));
+        }
+        if any {
+            self.shared.sleep.notify_relaxed();
         }
     }
 
@@ -435,6 +481,8 @@ impl<C: Config> Worker<C> {
             Some(t) => {
                 // SAFETY: `t` was suspended and is ours again.
                 unsafe { t.desc().set_ctx(ctx) };
+                // (A thread taken from the home queue goes back onto the
+                // deque: a cancelled switch is rare, and it stays runnable.)
                 self.deque.push(t);
             }
             // SAFETY: the scheduler's slot is empty since we took it.
@@ -721,19 +769,21 @@ impl<C: Config> Worker<C> {
         }
     }
 
-    /// Scheduler loop: looks for a runnable thread — own deque and inbox,
-    /// then the global injector, then other workers' deques in random order,
-    /// and (with `take_inboxes`, once this worker has idled a while) their
-    /// inboxes. Threads sent home stay home while their worker keeps up, so a
-    /// barrier's waiters do not all migrate every episode, yet a busy worker
-    /// cannot strand them.
+    /// Scheduler loop: looks for a runnable thread — own home queue, deque
+    /// and inbox, then the global injector, then other workers' deques in
+    /// random order, and (with `take_inboxes`, once this worker has idled a
+    /// while) their home queues and inboxes. Threads sent home stay home
+    /// while their worker keeps up, so a barrier's waiters do not migrate
+    /// every episode (a worker that has just run out of work would otherwise
+    /// steal the other's woken threads at once), yet a busy worker cannot
+    /// strand them.
     pub(crate) fn find_work(&self, take_inboxes: bool) -> Option<TaskRef<C>> {
         use crate::deque::{DequeStealer, Steal};
-        if let Some(t) = self.deque.pop() {
+        if let Some(t) = self.pop_local() {
             return Some(t);
         }
         if self.drain_inbox(self.index) {
-            return self.deque.pop();
+            return self.pop_local();
         }
         let shared = &*self.shared;
         loop {
@@ -771,11 +821,17 @@ impl<C: Config> Worker<C> {
                             shared.aspect.steal(self.index, Some(v));
                             return Some(t);
                         }
-                        // A busy worker may not drain its inbox for a while:
-                        // after idling a while, take its homed threads too.
-                        Steal::Empty if take_inboxes && self.drain_inbox(v) => {
-                            shared.aspect.steal(self.index, Some(v));
-                            return self.deque.pop();
+                        // Threads sent home stay there while their worker
+                        // keeps up; after idling a while, take them too.
+                        Steal::Empty if take_inboxes => {
+                            if let Steal::Success(t) = shared.home_stealers[v].steal() {
+                                shared.aspect.steal(self.index, Some(v));
+                                return Some(t);
+                            }
+                            if self.drain_inbox(v) {
+                                shared.aspect.steal(self.index, Some(v));
+                                return self.deque.pop();
+                            }
                         }
                         Steal::Retry => retry = true,
                         Steal::Empty => {}
@@ -793,7 +849,9 @@ impl<C: Config> Worker<C> {
     pub(crate) fn work_visible(&self) -> bool {
         use crate::deque::DequeStealer;
         !self.deque.is_empty()
+            || !self.home.is_empty()
             || !self.shared.inboxes[self.index].is_empty()
+            || self.shared.home_stealers.iter().any(|s| !s.is_empty())
             || !self.shared.injector.is_empty()
             || self.shared.stealers.iter().any(|s| !s.is_empty())
     }

@@ -272,6 +272,51 @@ fn notify_home_never_strands_a_thread_behind_a_busy_worker() {
     });
 }
 
+/// A thread woken by its own home worker waits in that worker's home queue;
+/// if the worker then stays busy (the waker spins without yielding until the
+/// woken thread runs), an idle worker takes it from there.
+#[test]
+fn a_thread_sent_home_is_taken_from_a_busy_home_worker() {
+    with_timeout(60, || {
+        let rt = rt(2);
+        for _ in 0..20 {
+            rt.block_on(|| {
+                let slot = Arc::new(SuspendedThread::new());
+                let home = Arc::new(AtomicUsize::new(usize::MAX));
+                let flag = Arc::new(AtomicBool::new(false));
+                let p = {
+                    let (slot, home, flag) = (slot.clone(), home.clone(), flag.clone());
+                    ct_worker::spawn(move || {
+                        home.store(ct_worker::current_worker_index().unwrap(), Ordering::SeqCst);
+                        slot.wait();
+                        flag.store(true, Ordering::SeqCst);
+                    })
+                };
+                while home.load(Ordering::SeqCst) == usize::MAX || slot.is_empty() {
+                    ct_worker::yield_now();
+                }
+                let h = home.load(Ordering::SeqCst);
+                // On the home worker: wake the thread (into this worker's
+                // home queue), then keep the worker busy until it runs.
+                let q = {
+                    let (slot, flag) = (slot.clone(), flag.clone());
+                    ct_worker::spawn(move || {
+                        while ct_worker::current_worker_index().unwrap() != h {
+                            ct_worker::yield_now();
+                        }
+                        assert!(slot.notify_home(), "the thread was parked");
+                        while !flag.load(Ordering::SeqCst) {
+                            std::hint::spin_loop();
+                        }
+                    })
+                };
+                p.join();
+                q.join();
+            });
+        }
+    });
+}
+
 /// `notify_home_each` wakes the thread of every slot exactly once, waiting
 /// at slots whose thread has arrived but not parked yet (as a barrier's last
 /// arriver does), from a user-level thread (the batched path: one chain per
