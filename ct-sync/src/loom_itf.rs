@@ -189,6 +189,40 @@ mod tests {
         });
     }
 
+    /// A holder that backs off (releases the lock and takes it again as a
+    /// waiter, parking first) while another thread takes the lock: both
+    /// critical sections run exactly once, nobody stays parked (loom reports
+    /// a deadlock otherwise), and the lock ends free.
+    #[test]
+    fn loom_mutex_back_off() {
+        model(2, || {
+            let m = Arc::new(RawMutex::<LoomItf>::unlocked());
+            let counter = Arc::new(ProtocolCell::new(0u32));
+            let ths: Vec<_> = [true, false]
+                .into_iter()
+                .map(|backs_off| {
+                    let (m, counter) = (m.clone(), counter.clone());
+                    thread::spawn(move || {
+                        m.lock();
+                        if backs_off {
+                            m.back_off();
+                        }
+                        // SAFETY: the mutex is held.
+                        unsafe { counter.with_mut(|c| *c += 1) };
+                        // SAFETY: locked above.
+                        unsafe { m.unlock() };
+                    })
+                })
+                .collect();
+            for t in ths {
+                t.join().unwrap();
+            }
+            // SAFETY: all threads joined.
+            assert_eq!(unsafe { counter.with_mut(|c| *c) }, 2);
+            assert!(!m.is_locked());
+        });
+    }
+
     #[test]
     fn loom_mutex_three_threads() {
         mutex_threads::<RawMutex<LoomItf>>(3, 1);

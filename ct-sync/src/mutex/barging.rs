@@ -42,6 +42,24 @@
 //! briefly and only while nobody is parked, so that a contended lock
 //! settles on one core instead of bouncing between two.
 //!
+//! **Two holders.** Newcomers park only when their CAS fails, and with very
+//! short critical sections a CAS from a second core almost never fails: the
+//! threads running on two cores both find the lock free and take it in
+//! turn, every acquisition moving its cache line between the cores. Nothing
+//! in that pattern made either side park, so whether a run of the mutex
+//! benchmark settled there (four times slower than one core re-taking the
+//! lock) depended on timing details down to code placement. So the lock
+//! keeps a hint of the thread that took it last (the page of its stack
+//! pointer, read without a memory access) and counts fast-path acquisitions
+//! that find it changed; every 64th such acquisition, with more than one
+//! worker, the thread backs off: it releases the lock and queues as a waiter
+//! (if the lock is still free at the park's re-check, it takes it again at
+//! once). Each back-off takes one thread off its core's run queue until one
+//! core's threads all wait; the other core then re-takes the lock on its
+//! own, and the waiting threads come back one at a time as woken waiters. A
+//! lock whose fast-path holder rarely changes never backs off, and the fast
+//! path pays a register read, a load from the lock's line and a compare.
+//!
 //! Woken waiters go back to the worker they parked on
 //! ([`notify_home`](ct_worker::SuspendedThreadItf::notify_home)), so that a
 //! contended lock does not pull every waiter onto the unlocker's worker,
@@ -59,8 +77,9 @@
 //! [`wait_with`]: ct_worker::SuspendedThreadItf::wait_with
 
 use core::ptr::{self, NonNull};
-// Not the loom type: `releases` is a hint outside the modelled protocol.
-use core::sync::atomic::AtomicU32 as PlainAtomicU32;
+// Not the loom types: `releases`, `holder` and `holder_changes` are hints
+// outside the modelled protocol.
+use core::sync::atomic::{AtomicU32 as PlainAtomicU32, AtomicUsize as PlainAtomicUsize};
 
 use ct_worker::{SuspendedThreadItf, Ult, UltItf};
 
@@ -90,6 +109,32 @@ const WOKEN_QUIET_RELEASES: u32 = 2;
 /// instructions (6.4 µs at 25 ns a pause). Each poll costs a holder on
 /// another core one cache miss on its next acquisition.
 const WOKEN_MAX_GAP_SHIFT: u32 = 8;
+
+/// Fast-path acquisitions by another thread than the previous fast-path
+/// acquirer, per back-off (see "Two holders" in the module docs).
+const HOLDER_CHANGES_PER_BACK_OFF: u32 = 64;
+
+/// Tells threads (user-level or OS) apart well enough for a hint, without a
+/// memory access: the page the stack pointer is in. Each thread runs on its
+/// own stack; a thread whose stack pointer crossed a page boundary since
+/// its previous acquisition counts as a change, which is harmless.
+#[inline(always)]
+fn holder_id() -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let sp: usize;
+        // SAFETY: reads the stack pointer; no memory access, no flags.
+        unsafe {
+            core::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags))
+        };
+        sp >> 12
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let probe = 0u8;
+        core::ptr::addr_of!(probe) as usize >> 12
+    }
+}
 
 // `flags` bits.
 /// The wait queue is not empty.
@@ -266,6 +311,11 @@ pub struct RawMutex<U: UltItf = Ult> {
     /// has gone quiet. A hint outside the protocol, so it is a plain atomic
     /// even under loom.
     releases: PlainAtomicU32,
+    /// The [`holder_id`] of the thread that last took the lock, and how
+    /// often a fast-path acquisition found it changed (hints outside the
+    /// protocol, written only by lock holders; plain atomics under loom).
+    holder: PlainAtomicUsize,
+    holder_changes: PlainAtomicU32,
     queue: SpinLock<WaitQueue<U>>,
 }
 
@@ -291,6 +341,8 @@ impl<U: UltItf> RawMutex<U> {
             locked: AtomicU8::new(0),
             flags: AtomicU8::new(0),
             releases: PlainAtomicU32::new(0),
+            holder: PlainAtomicUsize::new(0),
+            holder_changes: PlainAtomicU32::new(0),
             queue: SpinLock::new(WaitQueue::new()),
         }
     }
@@ -302,6 +354,8 @@ impl<U: UltItf> RawMutex<U> {
             locked: AtomicU8::new(0),
             flags: AtomicU8::new(0),
             releases: PlainAtomicU32::new(0),
+            holder: PlainAtomicUsize::new(0),
+            holder_changes: PlainAtomicU32::new(0),
             queue: SpinLock::new(WaitQueue::new()),
         }
     }
@@ -371,9 +425,35 @@ impl<U: UltItf> RawMutex<U> {
         false
     }
 
+    /// A fast-path acquisition found the lock last taken by another thread.
+    /// Every [`HOLDER_CHANGES_PER_BACK_OFF`]th time, with more than one
+    /// worker, the thread backs off (see "Two holders" in the module docs).
     #[cold]
     #[inline(never)]
-    fn lock_contended(&self) {
+    fn holder_changed(&self, me: usize) {
+        self.holder.store(me, Ordering::Relaxed);
+        let n = self.holder_changes.load(Ordering::Relaxed).wrapping_add(1);
+        self.holder_changes.store(n, Ordering::Relaxed);
+        if n.is_multiple_of(HOLDER_CHANGES_PER_BACK_OFF) && U::num_workers() > 1 {
+            self.back_off();
+            self.holder.store(me, Ordering::Relaxed);
+        }
+    }
+
+    /// Called holding the lock: releases it and takes it again as a
+    /// waiter would, parking first (the park's re-check of the lock means a
+    /// lock that nobody took meanwhile is simply taken again).
+    pub(crate) fn back_off(&self) {
+        // SAFETY: the caller holds the lock.
+        unsafe { self.unlock() };
+        self.lock_contended(true);
+    }
+
+    /// Takes a lock found held (`back_off`: released by us just now; then
+    /// park at once instead of spinning or trying first).
+    #[cold]
+    #[inline(never)]
+    fn lock_contended(&self, back_off: bool) {
         let waiter = Waiter::<U> {
             slot: U::SuspendedThread::default(),
             state: AtomicU8::new(ARRIVING),
@@ -382,8 +462,11 @@ impl<U: UltItf> RawMutex<U> {
         // With one worker the holder cannot run while we spin.
         let multi = U::num_workers() > 1;
         let mut woken = false;
+        let mut back_off = back_off;
         loop {
-            if (multi && self.newcomer_spin()) || self.try_acquire() {
+            if !core::mem::take(&mut back_off)
+                && ((multi && self.newcomer_spin()) || self.try_acquire())
+            {
                 return;
             }
             match self.park(&waiter, woken) {
@@ -584,9 +667,15 @@ unsafe impl<U: UltItf> RawLock<U> for RawMutex<U> {
         if self
             .locked
             .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
+            .is_ok()
         {
-            self.lock_contended();
+            let me = holder_id();
+            if self.holder.load(Ordering::Relaxed) != me {
+                self.holder_changed(me);
+            }
+        } else {
+            self.lock_contended(false);
+            self.holder.store(holder_id(), Ordering::Relaxed);
         }
     }
 
