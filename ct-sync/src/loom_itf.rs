@@ -270,11 +270,17 @@ mod tests {
     }
 
     /// Two threads, two barrier episodes: writes before the barrier are seen
-    /// after it, and each episode has one leader.
-    #[test]
-    fn loom_barrier() {
-        model(2, || {
-            let b = Arc::new(Barrier::<LoomItf>::new_in(2));
+    /// after it, and each episode has one leader. Grouped: with two groups,
+    /// each thread owns one, so every release wakes the other group's local
+    /// leader; flat (what a one-worker library gets): the last arriver wakes
+    /// every slot.
+    fn barrier_two_threads(grouped: bool) {
+        model(2, move || {
+            let b = Arc::new(if grouped {
+                Barrier::<LoomItf>::with_groups(2, 2)
+            } else {
+                Barrier::<LoomItf>::new_in(2)
+            });
             let cells = Arc::new([ProtocolCell::new(0u32), ProtocolCell::new(0u32)]);
             let leaders = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
             let ths: Vec<_> = (0..2)
@@ -301,6 +307,40 @@ mod tests {
                 t.join().unwrap();
             }
             assert_eq!(leaders.load(Ordering::Relaxed), 2);
+        });
+    }
+
+    #[test]
+    fn loom_barrier() {
+        barrier_two_threads(true);
+        barrier_two_threads(false);
+    }
+
+    /// Three threads, one episode, one owned group: the first thread to
+    /// arrive owns it (and counts with a plain load and store), the others
+    /// share the last group (and count with `fetch_add`); whoever arrives
+    /// last wakes its own group and the other group's local leader, which
+    /// wakes the rest. Everybody leaves (loom reports a deadlock otherwise),
+    /// with one leader.
+    #[test]
+    fn loom_barrier_shared_group() {
+        model(1, || {
+            let b = Arc::new(Barrier::<LoomItf>::with_groups(3, 1));
+            let leaders = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
+            let ths: Vec<_> = (0..3)
+                .map(|_| {
+                    let (b, leaders) = (b.clone(), leaders.clone());
+                    thread::spawn(move || {
+                        if b.wait().is_leader() {
+                            leaders.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            for t in ths {
+                t.join().unwrap();
+            }
+            assert_eq!(leaders.load(Ordering::Relaxed), 1);
         });
     }
 }
