@@ -34,7 +34,7 @@
 //! wake-up, on any number of workers.
 
 use crossbeam_utils::CachePadded;
-use ct_worker::{SuspendedThreadItf, Ult, UltItf};
+use ct_worker::{OsThreads, SuspendedThreadItf, Ult, UltItf};
 
 use crate::sync::{AtomicUsize, Ordering};
 
@@ -154,12 +154,6 @@ fn os_thread_id() -> usize {
     (n + 1) * 64
 }
 
-/// CPUs the OS reports (asked once).
-fn cpus() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
-
 impl<U: UltItf> Barrier<U> {
     /// A barrier for `n` threads of `U`.
     ///
@@ -169,7 +163,12 @@ impl<U: UltItf> Barrier<U> {
     pub fn new_in(n: usize) -> Self {
         assert!(n > 0, "a barrier needs at least one participant");
         let by_memory = (MAX_SLOTS / (2 * n)).saturating_sub(1).max(1);
-        let b = Self::with_groups(n, cpus().max(U::num_workers()).min(by_memory));
+        let b = Self::with_groups(
+            n,
+            OsThreads::num_workers()
+                .max(U::num_workers())
+                .min(by_memory),
+        );
         b.mode.store(UNDECIDED, Ordering::Relaxed);
         b
     }

@@ -120,58 +120,31 @@ mod tests {
     use crate::sync::ProtocolCell;
     use crate::{Barrier, RawFairMutex, RawLock, RawMutex};
 
-    /// `threads` threads take the mutex in turn (preemption bound `bound`):
-    /// the protected counter is updated without a data race (loom checks
-    /// causality) and the lock ends free. With three threads and the barging
-    /// protocol, a woken waiter that loses asks for and gets a hand-off.
-    fn mutex_threads<R: RawLock<LoomItf> + 'static>(threads: u32, bound: usize) {
+    /// One loom thread per entry of `plans` takes the mutex `rounds` times
+    /// (preemption bound `bound`), calling `back_off` right after each lock
+    /// if the entry says so: the protected counter is updated without a data
+    /// race (loom checks causality) and counts every critical section,
+    /// nobody stays parked (loom reports a deadlock otherwise), and the lock
+    /// ends free.
+    fn contend<R: RawLock<LoomItf> + 'static>(
+        bound: usize,
+        plans: Vec<(u32, bool)>,
+        back_off: fn(&R),
+    ) {
+        let total: u32 = plans.iter().map(|&(rounds, _)| rounds).sum();
         model(bound, move || {
             let m = Arc::new(R::unlocked());
             let counter = Arc::new(ProtocolCell::new(0u32));
-            let ths: Vec<_> = (0..threads)
-                .map(|_| {
-                    let (m, counter) = (m.clone(), counter.clone());
-                    thread::spawn(move || {
-                        m.lock();
-                        // SAFETY: the mutex is held.
-                        unsafe { counter.with_mut(|c| *c += 1) };
-                        // SAFETY: locked above.
-                        unsafe { m.unlock() };
-                    })
-                })
-                .collect();
-            for t in ths {
-                t.join().unwrap();
-            }
-            // SAFETY: all threads joined.
-            assert_eq!(unsafe { counter.with_mut(|c| *c) }, threads);
-            assert!(!m.is_locked());
-        });
-    }
-
-    #[test]
-    fn loom_mutex_handoff() {
-        mutex_threads::<RawMutex<LoomItf>>(2, 3);
-        mutex_threads::<RawFairMutex<LoomItf>>(2, 3);
-    }
-
-    /// Three threads, one of which takes the mutex twice: its second lock
-    /// can barge in right after its first unlock woke a waiter, so that the
-    /// woken waiter loses and parks again while a newcomer, which skipped its
-    /// own heavy fence relying on the first waiter's, is queued. Both must
-    /// still be woken (loom reports a deadlock otherwise).
-    #[test]
-    fn loom_mutex_woken_waiter_parks_again() {
-        model(2, || {
-            let m = Arc::new(RawMutex::<LoomItf>::unlocked());
-            let counter = Arc::new(ProtocolCell::new(0u32));
-            let ths: Vec<_> = [2u32, 1, 1]
-                .into_iter()
-                .map(|rounds| {
+            let ths: Vec<_> = plans
+                .iter()
+                .map(|&(rounds, backs_off)| {
                     let (m, counter) = (m.clone(), counter.clone());
                     thread::spawn(move || {
                         for _ in 0..rounds {
                             m.lock();
+                            if backs_off {
+                                back_off(&m);
+                            }
                             // SAFETY: the mutex is held.
                             unsafe { counter.with_mut(|c| *c += 1) };
                             // SAFETY: locked above.
@@ -184,43 +157,40 @@ mod tests {
                 t.join().unwrap();
             }
             // SAFETY: all threads joined.
-            assert_eq!(unsafe { counter.with_mut(|c| *c) }, 4);
+            assert_eq!(unsafe { counter.with_mut(|c| *c) }, total);
             assert!(!m.is_locked());
         });
     }
 
+    /// `threads` threads take the mutex once each. With three threads and
+    /// the barging protocol, a woken waiter that loses asks for and gets a
+    /// hand-off.
+    fn mutex_threads<R: RawLock<LoomItf> + 'static>(threads: usize, bound: usize) {
+        contend::<R>(bound, vec![(1, false); threads], |_| {});
+    }
+
+    #[test]
+    fn loom_mutex_handoff() {
+        mutex_threads::<RawMutex<LoomItf>>(2, 3);
+        mutex_threads::<RawFairMutex<LoomItf>>(2, 3);
+    }
+
+    /// Three threads, one of which takes the mutex twice: its second lock
+    /// can barge in right after its first unlock woke a waiter, so that the
+    /// woken waiter loses and parks again while a newcomer, which skipped its
+    /// own heavy fence relying on the first waiter's, is queued. Both must
+    /// still be woken.
+    #[test]
+    fn loom_mutex_woken_waiter_parks_again() {
+        contend::<RawMutex<LoomItf>>(2, vec![(2, false), (1, false), (1, false)], |_| {});
+    }
+
     /// A holder that backs off (releases the lock and takes it again as a
     /// waiter, parking first) while another thread takes the lock: both
-    /// critical sections run exactly once, nobody stays parked (loom reports
-    /// a deadlock otherwise), and the lock ends free.
+    /// critical sections run exactly once.
     #[test]
     fn loom_mutex_back_off() {
-        model(2, || {
-            let m = Arc::new(RawMutex::<LoomItf>::unlocked());
-            let counter = Arc::new(ProtocolCell::new(0u32));
-            let ths: Vec<_> = [true, false]
-                .into_iter()
-                .map(|backs_off| {
-                    let (m, counter) = (m.clone(), counter.clone());
-                    thread::spawn(move || {
-                        m.lock();
-                        if backs_off {
-                            m.back_off();
-                        }
-                        // SAFETY: the mutex is held.
-                        unsafe { counter.with_mut(|c| *c += 1) };
-                        // SAFETY: locked above.
-                        unsafe { m.unlock() };
-                    })
-                })
-                .collect();
-            for t in ths {
-                t.join().unwrap();
-            }
-            // SAFETY: all threads joined.
-            assert_eq!(unsafe { counter.with_mut(|c| *c) }, 2);
-            assert!(!m.is_locked());
-        });
+        contend::<RawMutex<LoomItf>>(2, vec![(1, true), (1, false)], RawMutex::back_off);
     }
 
     #[test]

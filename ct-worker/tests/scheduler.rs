@@ -220,6 +220,41 @@ fn nested_joins_recurse_on_the_callers_stack() {
     });
 }
 
+/// A thread parked in `slot`, the worker it parked on, and a flag it sets
+/// once woken (on the current runtime).
+fn park_a_thread(
+    slot: &Arc<SuspendedThread>,
+) -> (ct_worker::JoinHandle<()>, usize, Arc<AtomicBool>) {
+    let home = Arc::new(AtomicUsize::new(usize::MAX));
+    let woken = Arc::new(AtomicBool::new(false));
+    let p = {
+        let (slot, home, woken) = (slot.clone(), home.clone(), woken.clone());
+        ct_worker::spawn(move || {
+            home.store(ct_worker::current_worker_index().unwrap(), Ordering::SeqCst);
+            slot.wait();
+            woken.store(true, Ordering::SeqCst);
+        })
+    };
+    while home.load(Ordering::SeqCst) == usize::MAX || slot.is_empty() {
+        ct_worker::yield_now();
+    }
+    (p, home.load(Ordering::SeqCst), woken)
+}
+
+/// Yields until the calling thread runs on worker `w`.
+fn move_to_worker(w: usize) {
+    while ct_worker::current_worker_index().unwrap() != w {
+        ct_worker::yield_now();
+    }
+}
+
+/// Spins, without yielding, until `flag` is set.
+fn spin_until(flag: &AtomicBool) {
+    while !flag.load(Ordering::SeqCst) {
+        std::hint::spin_loop();
+    }
+}
+
 /// `notify_home` sends a thread back to the worker it parked on; if that
 /// worker is busy (here: a thread spinning without yielding until the woken
 /// one runs), an idle worker takes it instead of leaving it stranded.
@@ -230,33 +265,16 @@ fn notify_home_never_strands_a_thread_behind_a_busy_worker() {
         for _ in 0..20 {
             rt.block_on(|| {
                 let slot = Arc::new(SuspendedThread::new());
-                let home = Arc::new(AtomicUsize::new(usize::MAX));
-                let flag = Arc::new(AtomicBool::new(false));
-                let busy_ready = Arc::new(AtomicBool::new(false));
-                let p = {
-                    let (slot, home, flag) = (slot.clone(), home.clone(), flag.clone());
-                    ct_worker::spawn(move || {
-                        home.store(ct_worker::current_worker_index().unwrap(), Ordering::SeqCst);
-                        slot.wait();
-                        flag.store(true, Ordering::SeqCst);
-                    })
-                };
-                while home.load(Ordering::SeqCst) == usize::MAX || slot.is_empty() {
-                    ct_worker::yield_now();
-                }
-                let h = home.load(Ordering::SeqCst);
+                let (p, h, woken) = park_a_thread(&slot);
                 // Occupy the home worker with a thread that only the woken
                 // thread can release.
+                let busy_ready = Arc::new(AtomicBool::new(false));
                 let q = {
-                    let (flag, busy_ready) = (flag.clone(), busy_ready.clone());
+                    let (woken, busy_ready) = (woken.clone(), busy_ready.clone());
                     ct_worker::spawn(move || {
-                        while ct_worker::current_worker_index().unwrap() != h {
-                            ct_worker::yield_now();
-                        }
+                        move_to_worker(h);
                         busy_ready.store(true, Ordering::SeqCst);
-                        while !flag.load(Ordering::SeqCst) {
-                            std::hint::spin_loop();
-                        }
+                        spin_until(&woken);
                     })
                 };
                 while !busy_ready.load(Ordering::SeqCst)
@@ -282,32 +300,15 @@ fn a_thread_sent_home_is_taken_from_a_busy_home_worker() {
         for _ in 0..20 {
             rt.block_on(|| {
                 let slot = Arc::new(SuspendedThread::new());
-                let home = Arc::new(AtomicUsize::new(usize::MAX));
-                let flag = Arc::new(AtomicBool::new(false));
-                let p = {
-                    let (slot, home, flag) = (slot.clone(), home.clone(), flag.clone());
-                    ct_worker::spawn(move || {
-                        home.store(ct_worker::current_worker_index().unwrap(), Ordering::SeqCst);
-                        slot.wait();
-                        flag.store(true, Ordering::SeqCst);
-                    })
-                };
-                while home.load(Ordering::SeqCst) == usize::MAX || slot.is_empty() {
-                    ct_worker::yield_now();
-                }
-                let h = home.load(Ordering::SeqCst);
+                let (p, h, woken) = park_a_thread(&slot);
                 // On the home worker: wake the thread (into this worker's
                 // home queue), then keep the worker busy until it runs.
                 let q = {
-                    let (slot, flag) = (slot.clone(), flag.clone());
+                    let slot = slot.clone();
                     ct_worker::spawn(move || {
-                        while ct_worker::current_worker_index().unwrap() != h {
-                            ct_worker::yield_now();
-                        }
+                        move_to_worker(h);
                         assert!(slot.notify_home(), "the thread was parked");
-                        while !flag.load(Ordering::SeqCst) {
-                            std::hint::spin_loop();
-                        }
+                        spin_until(&woken);
                     })
                 };
                 p.join();
