@@ -1,28 +1,40 @@
-//! A reusable barrier whose waiters are woken worker by worker.
+//! A reusable barrier whose waiters are counted and woken worker by worker.
 //!
-//! Waiters are kept in *groups*, one per OS thread that runs them (a
-//! worker): the first thread of an OS thread to wait claims a free group for
-//! it, and later threads that find no free group share a last one. Arrival
-//! bumps the group's count, which gives the thread a slot in the group's
-//! slot array (a plain load and store in an owned group: its threads never
-//! run at the same time), and then the barrier's count with one `fetch_add`,
-//! which finds the last arriver. The last arriver flips the generation,
-//! wakes the waiters of its own group one by one, and for every other group
-//! records the group's count and wakes only the thread in its last slot,
-//! the *local leader*, which wakes the rest of its group where they parked.
-//! So a wake-up crosses cores once per worker, not once per thread, and a
-//! waiter's slot, its descriptor and the woken thread stay on its worker
-//! (ct-worker also sends woken threads home, and other workers take them
-//! only after idling a while). With every waiter in one slot array, the last
-//! arriver pulled each slot written on another core into its cache, one
-//! serial miss after another: 50 threads × 300,000 episodes on two workers
-//! took 1.8–2.8 s instead of 0.5–1.0 s when the host placed the two vCPUs
-//! far apart and the threads were spread over both workers.
+//! Waiters are kept in *groups*, one per worker (OS thread) that runs them:
+//! the first thread of a worker to wait claims a free group for it. An
+//! arrival only counts itself in its group (a plain load and store: the
+//! group's threads never run at the same time) and parks; the first arrival
+//! of an episode in the group also queues the group's *idle hook* on the
+//! worker ([`ct_worker::idle`]). When the worker has nothing left to run —
+//! every thread of the group that was going to arrive has parked — the hook
+//! adds the group's arrivals to the barrier's count in one atomic operation.
+//! The hook that completes the count opens the next generation and wakes its
+//! own group; on every other worker, its own hook has been watching the
+//! generation since it published its count, and wakes its group where it
+//! parked. So an episode moves a handful of cache lines between cores
+//! (the count, once per worker, and the generation), however many threads
+//! each worker runs; a waiter's slot, its descriptor and its stack stay on
+//! its worker. When the barrier counted and woke every thread across cores
+//! (its first design), 50 threads × 300,000 episodes on two workers took
+//! 1.8–2.8 s when the host placed the two vCPUs far apart (a cache-line
+//! round trip of 400–500 ns); with per-worker wake-up but per-thread
+//! counting, 0.8–1.1 s.
+//!
+//! A worker about to sleep cannot watch: its hook then marks the group
+//! asleep (and looks at the generation once more), and the thread that
+//! completes the episode wakes the thread in the group's last slot instead,
+//! through the worker's inbox, which wakes the worker; that *local leader*
+//! wakes the rest of its group.
+//!
+//! Threads that cannot queue hooks (OS threads, or more workers than groups)
+//! share a last group: they count themselves in it and in the barrier with
+//! `fetch_add`, and the last arriver wakes them one by one.
 //!
 //! On a single worker groups gain nothing and cost a few nanoseconds per
 //! wait, so the first thread to wait decides for good: if its threading
-//! library has one worker, the barrier runs *flat* — every waiter parks at
-//! its arrival number in one slot array and the last arriver wakes them all.
+//! library has one worker (or no idle hooks), the barrier runs *flat* —
+//! every waiter counts itself in the barrier, parks at its arrival number in
+//! one slot array, and the last arriver wakes them all.
 //!
 //! Counters and slots are double-buffered by generation parity ("sense
 //! reversal"): threads released from generation `g` may arrive at `g + 1`
@@ -30,13 +42,16 @@
 //!
 //! The condition-variable barrier of the original cmpth got 2.9× *slower*
 //! with two workers than with one (every waiter went through a mutex and a
-//! LIFO list). Here a waiter costs one atomic increment, one park and one
-//! wake-up, on any number of workers.
+//! LIFO list).
+//!
+//! A thread that occupies a worker without ever parking or yielding delays
+//! the episodes of the barrier's waiters on that worker until it does (their
+//! arrivals are published when the worker runs out of runnable threads).
 
 use crossbeam_utils::CachePadded;
-use ct_worker::{OsThreads, SuspendedThreadItf, Ult, UltItf};
+use ct_worker::{IdleHook, IdleMode, OsThreads, SuspendedThreadItf, Ult, UltItf};
 
-use crate::sync::{AtomicUsize, Ordering};
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering, fence};
 
 /// Result of [`Barrier::wait`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +60,9 @@ pub struct BarrierWaitResult {
 }
 
 impl BarrierWaitResult {
-    /// `true` for exactly one thread per episode (the last to arrive).
+    /// `true` for exactly one thread per episode (the last to arrive, or,
+    /// when a worker's idle hook completes the episode, the last thread of
+    /// that worker to arrive).
     pub fn is_leader(&self) -> bool {
         self.leader
     }
@@ -60,23 +77,53 @@ const UNDECIDED: usize = 0;
 /// Every waiter in the shared group's slots, at its arrival number; the last
 /// arriver wakes them all (one worker: nothing to gain from groups).
 const FLAT: usize = 1;
-/// Waiters grouped by the OS thread that runs them.
+/// Waiters grouped by the worker that runs them.
 const GROUPED: usize = 2;
 
+// `Group::watch` values, per parity: who wakes the group's waiters.
+/// The group's idle hook watches the generation and wakes them.
+const WATCHING: usize = 0;
+/// The worker went to sleep: the completer wakes the local leader. (Set by
+/// the hook; taken back by it with a CAS if it sees the release first.)
+const ASLEEP: usize = 1;
+/// The completer took over from `ASLEEP` (and wakes the local leader); the
+/// group's next arrival at this parity resets it to `WATCHING`.
+const CLAIMED: usize = 2;
+
 /// The waiters of one group: the threads of one worker, or (the last group)
-/// of any OS thread that found its worker's group owned by another.
+/// of any thread that cannot use an owned group.
+#[repr(C)]
 struct Group<U: UltItf> {
+    /// Publishes the group's arrivals and wakes its waiters (owned groups;
+    /// first, so that the hook's address is the group's).
+    hook: IdleHook,
+    /// The barrier, for the hook (set before each queueing).
+    barrier: AtomicPtr<()>,
+    /// This group's index in the barrier.
+    index: usize,
     /// The OS thread whose threads use this group ([`os_thread_id`]; 0:
-    /// none yet, and always for the shared last group). Threads on one OS
-    /// thread never run at the same time and are never suspended between a
-    /// load and a store below, so they count arrivals with a plain load and
-    /// store instead of a read-modify-write.
+    /// none yet, and always for the shared last group). Only that OS thread
+    /// touches `queued`, `episode`, `count` and `flushed` of an owned group
+    /// (besides the completer, which reads `count` of a group it claimed),
+    /// and nothing suspends its threads between their loads and stores.
     owner: AtomicUsize,
-    /// Per parity: arrivals in the current episode (reset by the last
-    /// arriver), and the count the last arriver recorded for the group's
-    /// local leader.
+    /// Whether the hook is queued (owned groups).
+    queued: AtomicUsize,
+    /// Per parity: the generation the group's arrivals at that parity are for.
+    episode: [AtomicUsize; 2],
+    /// Per parity: arrivals in the current episode, and (owned groups) how
+    /// many of them the hook has added to the barrier's count.
     count: [AtomicUsize; 2],
+    flushed: [AtomicUsize; 2],
+    /// Per parity: the count the completer recorded for the local leader
+    /// when it claimed the group (0: not claimed), and the slot number + 1
+    /// of the episode's leader when the group's own hook completed it.
     released: [AtomicUsize; 2],
+    leader: [AtomicUsize; 2],
+    /// Per parity: [`WATCHING`], [`ASLEEP`] or [`CLAIMED`]. On a line of its
+    /// own: the completer reads it every episode, the owner writes it only
+    /// when its worker goes to sleep, so it stays cached on both sides.
+    watch: CachePadded<[AtomicUsize; 2]>,
     /// Per parity: one slot per possible waiter of the group. Not padded:
     /// only the group's own worker writes them while the barrier fills.
     slots: [Box<[U::SuspendedThread]>; 2],
@@ -113,6 +160,9 @@ pub struct Barrier<U: UltItf = Ult> {
     n: usize,
     /// [`UNDECIDED`], [`FLAT`] or [`GROUPED`]; decided at the first wait.
     mode: AtomicUsize,
+    /// Set when more than `n` arrivals were counted in one episode (found by
+    /// an idle hook, which cannot panic): every waiter then panics.
+    overflow: AtomicUsize,
     generation: CachePadded<AtomicUsize>,
     arrived: [CachePadded<AtomicUsize>; 2],
     groups: Box<[CachePadded<Group<U>>]>,
@@ -154,6 +204,21 @@ fn os_thread_id() -> usize {
     (n + 1) * 64
 }
 
+/// The idle hook of an owned group: `data` is the group.
+///
+/// # Safety
+///
+/// Run by the worker of the group's owner while the hook is queued: then
+/// the group has waiters that have not been woken, which keep the barrier
+/// (whose address the group holds) alive.
+unsafe fn group_hook<U: UltItf>(data: *const (), mode: IdleMode) -> bool {
+    // SAFETY: per the contract, a live group of a live barrier.
+    let group = unsafe { &*data.cast::<Group<U>>() };
+    // SAFETY: as above; set before the hook was queued.
+    let barrier = unsafe { &*group.barrier.load(Ordering::Relaxed).cast::<Barrier<U>>() };
+    barrier.run_hook(group.index, mode)
+}
+
 impl<U: UltItf> Barrier<U> {
     /// A barrier for `n` threads of `U`.
     ///
@@ -182,21 +247,31 @@ impl<U: UltItf> Barrier<U> {
         // the last one; the two orders differ, so any of the `n` arrivals of
         // a group may park, in any of `n` slots.
         let slots = || (0..n).map(|_| U::SuspendedThread::default()).collect();
-        // One group per worker index, and the shared one.
+        let pair = || [AtomicUsize::new(0), AtomicUsize::new(0)];
         Barrier {
             n,
             mode: AtomicUsize::new(GROUPED),
+            overflow: AtomicUsize::new(0),
             generation: CachePadded::new(AtomicUsize::new(0)),
             arrived: [
                 CachePadded::new(AtomicUsize::new(0)),
                 CachePadded::new(AtomicUsize::new(0)),
             ],
+            // One group per worker index, and the shared one.
             groups: (0..=groups)
-                .map(|_| {
+                .map(|index| {
                     CachePadded::new(Group {
+                        hook: IdleHook::new(group_hook::<U>),
+                        barrier: AtomicPtr::new(core::ptr::null_mut()),
+                        index,
                         owner: AtomicUsize::new(0),
-                        count: [AtomicUsize::new(0), AtomicUsize::new(0)],
-                        released: [AtomicUsize::new(0), AtomicUsize::new(0)],
+                        queued: AtomicUsize::new(0),
+                        episode: pair(),
+                        count: pair(),
+                        flushed: pair(),
+                        released: pair(),
+                        leader: pair(),
+                        watch: CachePadded::new(pair()),
                         slots: [slots(), slots()],
                     })
                 })
@@ -211,10 +286,14 @@ impl<U: UltItf> Barrier<U> {
 
     /// The caller's group, and whether its OS thread owns it: one of two
     /// groups picked by hashing the OS thread's id, whichever it owns or can
-    /// claim, else the shared last group.
+    /// claim, else (or if the caller cannot queue idle hooks) the shared
+    /// last group.
     #[inline]
     fn group_of_caller(&self) -> (usize, bool) {
         let shared = self.groups.len() - 1;
+        if !U::runs_idle_hooks() {
+            return (shared, false);
+        }
         let me = os_thread_id();
         // `shared` is a power of two: two candidates from the id's hash.
         let h = me.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40;
@@ -237,15 +316,19 @@ impl<U: UltItf> Barrier<U> {
 
     /// Whether waiters are grouped: decided by the first thread to wait, for
     /// good: grouped if it runs on a threading library with more than one
-    /// worker. (Every episode sees one mode, so threads of another library
-    /// may still use the barrier, only without the benefit of groups.)
+    /// worker and idle hooks. (Every episode sees one mode, so threads of
+    /// another library may still use the barrier, in the shared group.)
     #[inline]
     fn grouped(&self) -> bool {
         match self.mode.load(Ordering::Relaxed) {
             FLAT => false,
             GROUPED => true,
             _ => {
-                let m = if U::num_workers() > 1 { GROUPED } else { FLAT };
+                let m = if U::num_workers() > 1 && U::runs_idle_hooks() {
+                    GROUPED
+                } else {
+                    FLAT
+                };
                 match self
                     .mode
                     .compare_exchange(UNDECIDED, m, Ordering::Relaxed, Ordering::Relaxed)
@@ -261,7 +344,9 @@ impl<U: UltItf> Barrier<U> {
     ///
     /// # Panics
     ///
-    /// Panics if more threads than the barrier's count wait in one episode.
+    /// Panics if more threads than the barrier's count wait in one episode
+    /// (when a worker's idle hook finds that out, every waiter of the episode
+    /// panics, and so does every later `wait`).
     #[inline]
     pub fn wait(&self) -> BarrierWaitResult {
         if self.n == 1 {
@@ -281,63 +366,210 @@ impl<U: UltItf> Barrier<U> {
         let parity = g & 1;
         // Nothing between here and parking can suspend this thread, so the
         // group is that of the worker it parks on.
-        let (mine, exclusive) = self.group_of_caller();
+        let (mine, owned) = self.group_of_caller();
         let group = &self.groups[mine];
-        // Relaxed: published to the last arriver by the AcqRel increment
-        // below (every increment of `arrived` is a read-modify-write, so the
-        // last arriver's synchronizes with all of them). The last arriver
-        // resets the count only after every arrival of this episode, and
-        // nobody counts again at this parity before it has woken them.
-        let j = if exclusive {
-            let c = group.count[parity].load(Ordering::Relaxed);
-            group.count[parity].store(c + 1, Ordering::Relaxed);
-            c
+        let j = if owned {
+            // Only this OS thread counts in this group, and its hook, which
+            // publishes the count, runs on it later: plain and relaxed.
+            let j = group.count[parity].load(Ordering::Relaxed);
+            assert!(
+                j < self.n,
+                "more than {} threads waited on a barrier in one episode",
+                self.n
+            );
+            group.count[parity].store(j + 1, Ordering::Relaxed);
+            group.episode[parity].store(g, Ordering::Relaxed);
+            // The hook watches this parity's release (a claim by the
+            // completer two episodes ago, or a sleep in this episode, is
+            // over: nobody looks at it before this arrival is published).
+            if group.watch[parity].load(Ordering::Relaxed) != WATCHING {
+                group.watch[parity].store(WATCHING, Ordering::Relaxed);
+            }
+            if group.queued.load(Ordering::Relaxed) == 0 {
+                group.queued.store(1, Ordering::Relaxed);
+                group.barrier.store(
+                    core::ptr::from_ref(self).cast_mut().cast(),
+                    Ordering::Relaxed,
+                );
+                let data = core::ptr::from_ref::<Group<U>>(group).cast();
+                // SAFETY: not queued (`queued` is cleared only when the hook
+                // reports itself done); the hook reports done only when the
+                // group has no waiter left to wake, and until then the
+                // waiters (this thread first) keep the barrier and its
+                // groups alive; the hook neither blocks nor parks.
+                let ok = unsafe { U::defer_until_idle(&group.hook, data) };
+                debug_assert!(ok, "groups are owned by workers with idle hooks");
+            }
+            j
         } else {
-            group.count[parity].fetch_add(1, Ordering::Relaxed)
+            let j = group.count[parity].fetch_add(1, Ordering::Relaxed);
+            // AcqRel: every increment is a read-modify-write, so the last
+            // arriver's synchronizes with all of them (and the hooks').
+            let i = self.arrived[parity].fetch_add(1, Ordering::AcqRel);
+            assert!(
+                i < self.n,
+                "more than {} threads waited on a barrier in one episode",
+                self.n
+            );
+            if i + 1 == self.n {
+                self.complete(g, mine, Some(j));
+                return BarrierWaitResult { leader: true };
+            }
+            j
         };
-        let i = self.arrived[parity].fetch_add(1, Ordering::AcqRel);
+        group.slots[parity][j].wait_with(|| true);
+        // Woken as the local leader of a group the completer claimed (which
+        // has reset its counts): wake the rest.
+        if group.released[parity].load(Ordering::Relaxed) == j + 1 {
+            group.released[parity].store(0, Ordering::Relaxed);
+            U::SuspendedThread::notify_home_each(&group.slots[parity][..j]);
+        }
         assert!(
-            i < self.n,
+            self.overflow.load(Ordering::Relaxed) == 0,
             "more than {} threads waited on a barrier in one episode",
             self.n
         );
-        if i + 1 < self.n {
-            group.slots[parity][j].wait_with(|| true);
-            // The last arriver stored this group's count before waking its
-            // local leader, which wakes the others after reading it: so every
-            // waiter of the group reads this episode's value, and the local
-            // leader (the group's last arriver) is the one that finds its
-            // own slot last.
-            if group.released[parity].load(Ordering::Acquire) == j + 1 {
-                U::SuspendedThread::notify_home_each(&group.slots[parity][..j]);
-            }
-            return BarrierWaitResult { leader: false };
+        let leader = group.leader[parity].load(Ordering::Relaxed) == j + 1;
+        if leader {
+            group.leader[parity].store(0, Ordering::Relaxed);
         }
-        // Last to arrive: open the next generation, then wake this episode's
-        // waiters. Each is parked or about to park (nothing between its
-        // arrival and its parking can block). The counts of this parity are
-        // reset on the way: nobody uses them again before the next episode
-        // of this parity, which needs every thread woken here.
+        BarrierWaitResult { leader }
+    }
+
+    /// The idle hook of owned group `mine`, run by its worker: adds the
+    /// arrivals not yet published to the barrier's count (completing the
+    /// episode if they are the last), and wakes the group's waiters once
+    /// their episode is over. Before the worker sleeps (`mode`), hands the
+    /// wake-up to the completer instead. Returns whether it is done: no
+    /// waiter of the group left to watch for.
+    fn run_hook(&self, mine: usize, mode: IdleMode) -> bool {
+        let group = &self.groups[mine];
+        let mut pending = false;
+        let mut wake = None;
+        for parity in 0..2 {
+            let c = group.count[parity].load(Ordering::Relaxed);
+            // (Claimed: the completer has reset the count and woken the
+            // local leader, which wakes the rest.)
+            if c == 0 || group.watch[parity].load(Ordering::Relaxed) == CLAIMED {
+                continue;
+            }
+            let e = group.episode[parity].load(Ordering::Relaxed);
+            let published = group.flushed[parity].load(Ordering::Relaxed);
+            if published != c {
+                group.flushed[parity].store(c, Ordering::Relaxed);
+                let d = c - published;
+                // AcqRel: publishes this worker's waiters' writes, and the
+                // last one synchronizes with every other publication.
+                let i = self.arrived[parity].fetch_add(d, Ordering::AcqRel);
+                if i + d >= self.n {
+                    if i + d > self.n {
+                        // Every waiter of the episode panics when woken.
+                        self.overflow.store(1, Ordering::Relaxed);
+                    }
+                    // The last: nothing else is pending (the other parity's
+                    // waiters would be participants of this episode).
+                    group.queued.store(0, Ordering::Relaxed);
+                    self.complete(e, mine, None);
+                    return true;
+                }
+            }
+            if self.generation.load(Ordering::Acquire) != e {
+                // Released; take the wake-up back if we handed it over.
+                if group.watch[parity].load(Ordering::Relaxed) == ASLEEP
+                    && group.watch[parity]
+                        .compare_exchange(ASLEEP, WATCHING, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_err()
+                {
+                    continue;
+                }
+                wake = Some((parity, c));
+            } else if mode == IdleMode::Sleep {
+                // Hand the wake-up over, then look again: a store, a full
+                // fence and a load on both sides, so either we see the new
+                // generation or the completer sees ASLEEP (and claims).
+                // (Acquire: if released, the completer's writes, and those
+                // it acquired, are this group's waiters' to see.)
+                group.watch[parity].store(ASLEEP, Ordering::Relaxed);
+                fence(Ordering::SeqCst);
+                if self.generation.load(Ordering::Acquire) != e
+                    && group.watch[parity]
+                        .compare_exchange(ASLEEP, WATCHING, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    wake = Some((parity, c));
+                }
+            } else {
+                pending = true;
+            }
+        }
+        if !pending {
+            group.queued.store(0, Ordering::Relaxed);
+        }
+        if let Some((parity, c)) = wake {
+            group.count[parity].store(0, Ordering::Relaxed);
+            group.flushed[parity].store(0, Ordering::Relaxed);
+            // The last use of the barrier unless waiters remain pending
+            // (which keep it alive): the woken threads may end it.
+            U::SuspendedThread::notify_home_each(&group.slots[parity][..c]);
+        }
+        !pending
+    }
+
+    /// Ends episode `g`: opens the next generation and wakes the waiters —
+    /// the shared group's one by one, each claimed group's local leader, and
+    /// finally the completer's own group (`me`: the completing thread's slot
+    /// in the shared group; `None`: the group's hook completed it, and the
+    /// group's last arriver leads).
+    fn complete(&self, g: usize, mine: usize, me: Option<usize>) {
+        let parity = g & 1;
+        let shared = self.groups.len() - 1;
         self.arrived[parity].store(0, Ordering::Relaxed);
         self.generation.store(g.wrapping_add(1), Ordering::Release);
+        // Against a hook going to sleep (see `run_hook`).
+        fence(Ordering::SeqCst);
         for (u, grp) in self.groups.iter().enumerate() {
             if u == mine {
                 continue;
             }
-            let c = grp.count[parity].swap(0, Ordering::Relaxed);
-            if c > 0 {
-                // Its local leader (the thread in its last slot) wakes the
-                // rest, on its own worker.
-                grp.released[parity].store(c, Ordering::Release);
+            if u == shared {
+                // Looked at before the swap, which would pull the line here.
+                if grp.count[parity].load(Ordering::Relaxed) != 0 {
+                    let c = grp.count[parity].swap(0, Ordering::Relaxed);
+                    U::SuspendedThread::notify_home_each(&grp.slots[parity][..c]);
+                }
+            } else if grp.watch[parity].load(Ordering::Relaxed) == ASLEEP
+                && grp.watch[parity]
+                    .compare_exchange(ASLEEP, CLAIMED, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+            {
+                // Its worker sleeps: reset its counts (its hook skips a
+                // claimed parity) and wake its local leader (the thread in
+                // its last slot), which wakes the rest where they parked.
+                let c = grp.count[parity].load(Ordering::Relaxed);
+                grp.count[parity].store(0, Ordering::Relaxed);
+                grp.flushed[parity].store(0, Ordering::Relaxed);
+                grp.released[parity].store(c, Ordering::Relaxed);
                 U::SuspendedThread::notify_home_each(&grp.slots[parity][c - 1..c]);
             }
+            // Otherwise its hook sees the new generation and wakes it.
         }
-        // Our own group: no local leader (0 matches no slot); we wake them.
-        let c = group.count[parity].swap(0, Ordering::Relaxed);
-        group.released[parity].store(0, Ordering::Release);
+        // Our own group last: its waiters keep the barrier alive until here.
+        let group = &self.groups[mine];
         let own = &group.slots[parity];
-        U::SuspendedThread::notify_home_each(own[..j].iter().chain(&own[j + 1..c]));
-        BarrierWaitResult { leader: true }
+        match me {
+            Some(j) => {
+                let c = group.count[parity].swap(0, Ordering::Relaxed);
+                U::SuspendedThread::notify_home_each(own[..j].iter().chain(&own[j + 1..c]));
+            }
+            None => {
+                let c = group.count[parity].load(Ordering::Relaxed);
+                group.count[parity].store(0, Ordering::Relaxed);
+                group.flushed[parity].store(0, Ordering::Relaxed);
+                group.watch[parity].store(WATCHING, Ordering::Relaxed);
+                group.leader[parity].store(c, Ordering::Relaxed);
+                U::SuspendedThread::notify_home_each(&own[..c]);
+            }
+        }
     }
 }
 

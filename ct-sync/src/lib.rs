@@ -15,9 +15,11 @@
 //! - Both implement [`RawLock`], whose [`unlock_and_wait`](RawLock::unlock_and_wait)
 //!   releases the lock and parks in one step.
 //! - [`Condvar`]: FIFO wake-up order (the original woke LIFO).
-//! - [`Barrier`]: counter plus per-arrival slots with sense reversal; the last
-//!   arriver wakes everybody in one batch, so more workers do not make it
-//!   slower.
+//! - [`Barrier`]: sense reversal, with arrivals counted and waiters woken
+//!   per worker — a worker's idle hook publishes its threads' arrivals in
+//!   one atomic operation once they have all parked, and wakes them itself
+//!   when it sees the next generation — so two workers run 50 threads'
+//!   episodes faster than one.
 //! - [`SpinLock`] and [`McsSpinLock`] for short internal sections, and the
 //!   [`McsCore`] queue shared with `ct-delegate`.
 //!

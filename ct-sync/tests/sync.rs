@@ -313,6 +313,12 @@ fn condvar_is_fifo() {
 /// 10^4 barrier episodes: what every thread wrote before the barrier is
 /// visible to all after it; exactly one leader per episode.
 fn barrier_episodes<U: UltItf>(threads: usize, episodes: usize) {
+    barrier_episodes_late::<U>(threads, episodes, Duration::ZERO);
+}
+
+/// [`barrier_episodes`], where in each episode one thread (a different one
+/// each time) blocks its OS thread for `late` before it arrives.
+fn barrier_episodes_late<U: UltItf>(threads: usize, episodes: usize, late: Duration) {
     let b = Arc::new(Barrier::<U>::new_in(threads));
     let cells: Arc<Vec<AtomicUsize>> =
         Arc::new((0..threads).map(|_| AtomicUsize::new(0)).collect());
@@ -322,6 +328,9 @@ fn barrier_episodes<U: UltItf>(threads: usize, episodes: usize) {
             let (b, cells, leaders) = (b.clone(), cells.clone(), leaders.clone());
             U::spawn(move || {
                 for e in 1..=episodes {
+                    if !late.is_zero() && e % threads == t {
+                        std::thread::sleep(late);
+                    }
                     cells[t].store(e, Ordering::Relaxed);
                     if b.wait().is_leader() {
                         leaders.fetch_add(1, Ordering::Relaxed);
@@ -345,6 +354,20 @@ fn barrier_episodes<U: UltItf>(threads: usize, episodes: usize) {
 fn barrier_10k_episodes_publish_writes() {
     on_ult(120, || barrier_episodes::<Ult>(8, 10_000));
     with_timeout(120, || barrier_episodes::<OsThreads>(4, 2_000));
+}
+
+/// Episodes with a late arriver: the other workers run out of work and go
+/// to sleep before the episode ends, so the completer wakes their waiters
+/// through a local leader (which wakes the worker) instead of their idle
+/// hooks. Nobody is left behind, writes are published, one leader each.
+#[test]
+fn barrier_wakes_the_waiters_of_sleeping_workers() {
+    with_timeout(120, || {
+        for w in [2, 4] {
+            let rt = Runtime::builder().workers(w).build().unwrap();
+            rt.block_on(|| barrier_episodes_late::<Ult>(6, 150, Duration::from_micros(400)));
+        }
+    });
 }
 
 #[test]

@@ -10,6 +10,7 @@ use core::marker::PhantomData;
 
 use crate::config::{Config, DefaultConfig};
 use crate::handle::{JoinHandle, spawn_in, yield_now_in};
+use crate::idle::IdleHook;
 use crate::suspended::SuspendedThread;
 use crate::worker::current_info;
 
@@ -77,6 +78,22 @@ pub trait UltItf: Send + Sync + 'static {
     fn worker_index() -> usize;
     /// Number of workers.
     fn num_workers() -> usize;
+    /// Whether the caller runs on a worker that runs idle hooks
+    /// ([`crate::idle`]); `false` for libraries without them.
+    fn runs_idle_hooks() -> bool {
+        false
+    }
+    /// Queues `hook` to run (with `data`) when the caller's worker runs out
+    /// of runnable threads, like [`crate::defer_until_idle`]. Returns `false` (and does
+    /// nothing) where [`UltItf::runs_idle_hooks`] is `false`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`crate::defer_until_idle`].
+    unsafe fn defer_until_idle(hook: &IdleHook, data: *const ()) -> bool {
+        let _ = (hook, data);
+        false
+    }
 }
 
 /// This crate's user-level threads, for a runtime of configuration `C`.
@@ -144,5 +161,14 @@ impl<C: Config> UltItf for Ult<C> {
 
     fn num_workers() -> usize {
         current_info().map_or(1, |(_, _, n)| n)
+    }
+
+    fn runs_idle_hooks() -> bool {
+        crate::idle::runs_idle_hooks()
+    }
+
+    unsafe fn defer_until_idle(hook: &IdleHook, data: *const ()) -> bool {
+        // SAFETY: forwarded contract.
+        unsafe { crate::idle::defer_until_idle(hook, data) }
     }
 }

@@ -26,6 +26,11 @@
 //!   from home queues and inboxes only after idling a while (a few
 //!   microseconds), not the moment they run out of work, which keeps a
 //!   barrier's waiters on their workers from episode to episode.
+//! - **Idle hooks** ([`idle`]): actions a synchronization object leaves for
+//!   a worker's idle time, run when the worker has no runnable thread left
+//!   (and polled while it spins idle). `ct-sync`'s barrier publishes a
+//!   worker's arrivals in one atomic operation that way and has each worker
+//!   wake its own waiters.
 //! - **Per-worker pools** of stacks and descriptors that return memory to the
 //!   worker that allocated it.
 //! - **Aspects** ([`Aspect`]): zero-cost by default; [`StatsConfig`] counts
@@ -82,6 +87,7 @@ mod config;
 mod deque;
 mod error;
 mod handle;
+pub mod idle;
 mod itf;
 mod join_state;
 mod local;
@@ -110,6 +116,7 @@ pub use deque::{
 };
 pub use error::{Error, Result};
 pub use handle::{JoinHandle, join, join_in, spawn, spawn_in, yield_now, yield_now_in};
+pub use idle::{IdleHook, IdleMode, defer_until_idle};
 pub use itf::{JoinHandleItf, SuspendedThreadItf, Ult, UltItf};
 pub use local::UltLocalKey;
 pub use os::{OsSuspendedThread, OsThreads};

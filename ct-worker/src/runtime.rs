@@ -15,6 +15,7 @@ use crate::config::{Config, DefaultConfig};
 use crate::deque::WorkerDeque;
 use crate::error::{Error, Result};
 use crate::handle::JoinHandle;
+use crate::idle::IdleMode;
 use crate::pool::SharedPool;
 use crate::remote_list::RemoteList;
 use crate::task::{TaskDesc, TaskRef};
@@ -49,6 +50,9 @@ const IDLE_SPINS: u32 = 12;
 /// several cache-line transfers, 0.1-0.5 µs each), yet a busy worker cannot
 /// keep it for long. Stealing from deques starts at once.
 const HOME_STEAL_ROUNDS: u32 = 6;
+/// Pause instructions between two runs of an idle worker's idle hooks while
+/// it spins (about 0.1 µs here).
+const HOOK_POLL_PAUSES: u32 = 4;
 /// `thread::yield_now` rounds before an idle worker sleeps.
 const IDLE_YIELDS: u32 = 6;
 /// First and longest sleep of an idle worker. Sleeping is timed so that a
@@ -377,8 +381,22 @@ fn run_loop<C: Config>(w: &Worker<C>) {
         }
         idle_rounds += 1;
         if idle_rounds <= IDLE_SPINS {
-            for _ in 0..1u32 << idle_rounds.min(6) {
-                core::hint::spin_loop();
+            let pauses = 1u32 << idle_rounds.min(6);
+            if w.has_idle_hooks() {
+                // Hooks wait for events (a barrier's release): look every
+                // few pauses, not once per round.
+                for _ in 0..pauses.div_ceil(HOOK_POLL_PAUSES) {
+                    for _ in 0..HOOK_POLL_PAUSES {
+                        core::hint::spin_loop();
+                    }
+                    if w.run_idle_hooks(IdleMode::Poll) {
+                        break;
+                    }
+                }
+            } else {
+                for _ in 0..pauses {
+                    core::hint::spin_loop();
+                }
             }
         } else if idle_rounds <= IDLE_SPINS + IDLE_YIELDS {
             thread::yield_now();
@@ -386,7 +404,10 @@ fn run_loop<C: Config>(w: &Worker<C>) {
             let doublings = (idle_rounds - IDLE_SPINS - IDLE_YIELDS).min(16);
             let timeout = SLEEP_MIN.saturating_mul(1 << doublings).min(SLEEP_MAX);
             shared.sleep.sleep(w.index, timeout, || {
-                w.work_visible() || shared.shutdown.load(Ordering::Acquire)
+                // Registered as a sleeper: hooks arrange their wake-ups now.
+                w.run_idle_hooks(IdleMode::Sleep)
+                    || w.work_visible()
+                    || shared.shutdown.load(Ordering::Acquire)
             });
         }
     }

@@ -24,6 +24,7 @@ use ct_context::{CondResult, Context, cond_swap_with, restore_with, save_with, s
 use crate::aspect::Aspect;
 use crate::config::Config;
 use crate::deque::WorkerDeque;
+use crate::idle::{IdleHooks, IdleMode};
 use crate::local::LocalMap;
 use crate::pool::{LocalPool, PoolItem, StackBlock};
 use crate::remote_list::Linked;
@@ -44,6 +45,8 @@ pub(crate) struct WorkerBase {
     pub(crate) workers: usize,
     /// The ULT-local map of the running thread, if a thread runs.
     locals: unsafe fn(*const WorkerBase) -> Option<LocalsCell>,
+    /// Hooks to run when this worker runs out of runnable threads.
+    pub(crate) idle_hooks: IdleHooks,
 }
 
 std::thread_local! {
@@ -70,6 +73,15 @@ pub(crate) fn current_locals() -> Option<LocalsCell> {
     }
     // SAFETY: a non-null base belongs to the live worker of this OS thread.
     unsafe { ((*b).locals)(b) }
+}
+
+/// The idle hooks of the worker running on this OS thread, if any. The
+/// reference must not be kept beyond the caller's next context switch.
+pub(crate) fn current_idle_hooks<'a>() -> Option<&'a IdleHooks> {
+    let b = current_base();
+    // SAFETY: a non-null base belongs to the live worker of this OS thread,
+    // which outlives the caller's stretch of running on it.
+    (!b.is_null()).then(|| unsafe { &(*b).idle_hooks })
 }
 
 /// `(runtime id, worker index, worker count)` of the current worker.
@@ -130,6 +142,7 @@ impl<C: Config> Worker<C> {
                 index,
                 workers: shared.workers,
                 locals: locals_of::<C>,
+                idle_hooks: IdleHooks::new(),
             },
             index,
             deque,
@@ -785,6 +798,13 @@ impl<C: Config> Worker<C> {
         if self.drain_inbox(self.index) {
             return self.pop_local();
         }
+        // Before anything else: what this worker's own idle hooks wake.
+        if self.run_idle_hooks(IdleMode::Poll) {
+            self.drain_inbox(self.index);
+            if let Some(t) = self.pop_local() {
+                return Some(t);
+            }
+        }
         let shared = &*self.shared;
         loop {
             let mut retry = false;
@@ -843,6 +863,19 @@ impl<C: Config> Worker<C> {
             }
             core::hint::spin_loop();
         }
+    }
+
+    /// Whether idle hooks are queued on this worker.
+    #[inline]
+    pub(crate) fn has_idle_hooks(&self) -> bool {
+        self.base.idle_hooks.any()
+    }
+
+    /// Runs this worker's idle hooks (if any) in `mode`; returns whether any
+    /// finished (and so may have made threads runnable).
+    #[inline]
+    pub(crate) fn run_idle_hooks(&self, mode: IdleMode) -> bool {
+        self.has_idle_hooks() && self.base.idle_hooks.run(mode)
     }
 
     /// Whether any work is visible anywhere (used before falling asleep).
