@@ -106,7 +106,11 @@ struct Group<U: UltItf> {
     /// touches `queued`, `episode`, `count` and `flushed` of an owned group
     /// (besides the completer, which reads `count` of a group it claimed),
     /// and nothing suspends its threads between their loads and stores.
-    owner: AtomicUsize,
+    /// On a line of its own: threads of other OS threads read it at every
+    /// arrival (looking for their group); next to the owner's counts, each
+    /// such read made the owner's next count miss, and the fence of its next
+    /// deque pop wait for the line to come back across cores.
+    owner: CachePadded<AtomicUsize>,
     /// Whether the hook is queued (owned groups).
     queued: AtomicUsize,
     /// Per parity: the generation the group's arrivals at that parity are for.
@@ -264,7 +268,7 @@ impl<U: UltItf> Barrier<U> {
                         hook: IdleHook::new(group_hook::<U>),
                         barrier: AtomicPtr::new(core::ptr::null_mut()),
                         index,
-                        owner: AtomicUsize::new(0),
+                        owner: CachePadded::new(AtomicUsize::new(0)),
                         queued: AtomicUsize::new(0),
                         episode: pair(),
                         count: pair(),

@@ -362,8 +362,18 @@ fn run_loop<C: Config>(w: &Worker<C>) {
     loop {
         // Other workers' home queues and inboxes: once idle for a while, and
         // always when shutting down (their owners may have exited already).
-        let take_inboxes =
-            idle_rounds >= HOME_STEAL_ROUNDS || shared.shutdown.load(Ordering::Relaxed);
+        // A worker whose idle hooks wait for an event (a barrier's release)
+        // expects threads of its own back soon: it leaves the others' home
+        // queues alone until it stops spinning, for looking at one makes its
+        // owner's next pop (a store and a fence) wait for the line to come
+        // back across cores.
+        let take_inboxes = idle_rounds
+            >= if w.has_idle_hooks() {
+                IDLE_SPINS
+            } else {
+                HOME_STEAL_ROUNDS
+            }
+            || shared.shutdown.load(Ordering::Relaxed);
         if let Some(t) = w.find_work(take_inboxes) {
             if idle_rounds != 0 {
                 shared.aspect.idle_end(w.index);
