@@ -4,7 +4,11 @@
 //! (MCS hand-off, `ct-sync-fair`) on user-level threads with 1 and 2
 //! workers; baselines in the same run: `std::sync::Mutex` and
 //! `parking_lot::Mutex` with 50 OS threads, and ct-sync's mutex on 50 OS
-//! threads. Output: JSON lines, seconds.
+//! threads; and `cas-floor`, what the same number of lock/increment/unlock
+//! rounds cost as one compare-and-swap, an increment and a release store
+//! in one loop on one OS thread — the floor of any lock taken with an atomic
+//! read-modify-write, which moves with the host's clock as the 1-worker
+//! figure does. Output: JSON lines, seconds.
 
 use std::sync::Arc;
 
@@ -83,6 +87,28 @@ fn os_run<M: Send + Sync + 'static>(
     t
 }
 
+/// `rounds` × {CAS 0 → 1 (acquire); increment; store 0 (release)} on one
+/// word, one OS thread: the cost of a lock round without any lock protocol.
+fn cas_floor(rounds: u64) -> f64 {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let word = AtomicUsize::new(0);
+    let mut counter = 0u64;
+    let t = time_secs(|| {
+        for _ in 0..rounds {
+            while word
+                .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                std::hint::spin_loop();
+            }
+            counter = std::hint::black_box(counter) + 1;
+            word.store(0, Ordering::Release);
+        }
+    });
+    check(counter, rounds);
+    t
+}
+
 fn main() {
     let args = Args::from_env();
     if args.help() {
@@ -124,6 +150,14 @@ fn main() {
         }
         if !baselines {
             continue;
+        }
+        if m == 1 {
+            eprintln!(
+                "CAS floor: {} rounds on one OS thread...",
+                threads as u64 * iters
+            );
+            let s = repeat(runs, || cas_floor(threads as u64 * iters));
+            emit("ct-sync", "mutex", "cas-floor", &params(1), "s", &s);
         }
         eprintln!("std::sync::Mutex with {threads} OS threads...");
         let s = repeat(runs, || {

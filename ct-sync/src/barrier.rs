@@ -18,7 +18,8 @@
 //! (its first design), 50 threads × 300,000 episodes on two workers took
 //! 1.8–2.8 s when the host placed the two vCPUs far apart (a cache-line
 //! round trip of 400–500 ns); with per-worker wake-up but per-thread
-//! counting, 0.8–1.1 s.
+//! counting, 0.8–1.1 s; as described here, 0.4–0.6 s (and 0.3–0.45 s with
+//! the vCPUs close together, faster than on one worker).
 //!
 //! A worker about to sleep cannot watch: its hook then marks the group
 //! asleep (and looks at the generation once more), and the thread that
