@@ -52,7 +52,7 @@
 use crossbeam_utils::CachePadded;
 use ct_worker::{IdleHook, IdleMode, OsThreads, SuspendedThreadItf, Ult, UltItf};
 
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering, fence};
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering, fence, os_thread_id};
 
 /// Result of [`Barrier::wait`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,7 +102,7 @@ struct Group<U: UltItf> {
     barrier: AtomicPtr<()>,
     /// This group's index in the barrier.
     index: usize,
-    /// The OS thread whose threads use this group ([`os_thread_id`]; 0:
+    /// The OS thread whose threads use this group ([`os_thread_id`](crate::sync::os_thread_id); 0:
     /// none yet, and always for the shared last group). Only that OS thread
     /// touches `queued`, `episode`, `count` and `flushed` of an owned group
     /// (besides the completer, which reads `count` of a group it claimed),
@@ -183,30 +183,6 @@ impl Barrier {
     pub fn new(n: usize) -> Self {
         Self::new_in(n)
     }
-}
-
-/// A non-zero number that differs between OS threads alive at the same
-/// time (under loom: between loom threads, which share an OS thread).
-#[cfg(not(loom))]
-fn os_thread_id() -> usize {
-    std::thread_local! {
-        static ID: u8 = const { 0 };
-    }
-    ID.with(|b| core::ptr::from_ref(b) as usize)
-}
-
-#[cfg(loom)]
-fn os_thread_id() -> usize {
-    // The thread's number within the execution (its `Debug` form is
-    // `ThreadId(n)`); hashing the id itself would differ between executions.
-    let name = format!("{:?}", loom::thread::current().id());
-    let n: usize = name
-        .chars()
-        .filter(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap_or(0);
-    (n + 1) * 64
 }
 
 /// The idle hook of an owned group: `data` is the group.

@@ -5,7 +5,8 @@
 //!
 //! - [`Mutex`] on [`RawMutex`] (the default): one CAS to lock, a store and a
 //!   load to unlock (an asymmetric fence with `membarrier` keeps parked
-//!   waiters from being missed); waiters park in FIFO order, a running
+//!   waiters from being missed); on a one-worker runtime the mutex is biased
+//!   to the worker's OS thread and locks with plain loads and stores; waiters park in FIFO order, a running
 //!   thread may barge in ahead of a woken one, and a waiter that keeps losing
 //!   gets the lock handed to it.
 //! - [`FairMutex`] on [`RawFairMutex`]: the MCS queue lock with **direct

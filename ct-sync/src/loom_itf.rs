@@ -172,9 +172,19 @@ mod tests {
         plans: Vec<(u32, bool)>,
         back_off: fn(&R),
     ) {
+        contend_on(bound, plans, back_off, R::unlocked);
+    }
+
+    /// [`contend`] on a lock made by `make`.
+    fn contend_on<R: RawLock<LoomItf> + 'static>(
+        bound: usize,
+        plans: Vec<(u32, bool)>,
+        back_off: fn(&R),
+        make: fn() -> R,
+    ) {
         let total: u32 = plans.iter().map(|&(rounds, _)| rounds).sum();
         model(bound, move || {
-            let m = Arc::new(R::unlocked());
+            let m = Arc::new(make());
             let counter = Arc::new(ProtocolCell::new(0u32));
             let ths: Vec<_> = plans
                 .iter()
@@ -206,14 +216,21 @@ mod tests {
     /// `threads` threads take the mutex once each. With three threads and
     /// the barging protocol, a woken waiter that loses asks for and gets a
     /// hand-off.
-    fn mutex_threads<R: RawLock<LoomItf> + 'static>(threads: usize, bound: usize) {
-        contend::<R>(bound, vec![(1, false); threads], |_| {});
+    fn mutex_threads<R: RawLock<LoomItf> + 'static>(threads: usize, bound: usize, make: fn() -> R) {
+        contend_on(bound, vec![(1, false); threads], |_| {}, make);
+    }
+
+    /// The barging mutex as a library with several workers gets it (never
+    /// biased): the models of its waiting and waking protocol, which the
+    /// bias does not touch, keep their cost.
+    fn unbiased() -> RawMutex<LoomItf> {
+        RawMutex::unbiased()
     }
 
     #[test]
     fn loom_mutex_handoff() {
-        mutex_threads::<RawMutex<LoomItf>>(2, 3);
-        mutex_threads::<RawFairMutex<LoomItf>>(2, 3);
+        mutex_threads(2, 3, unbiased);
+        mutex_threads(2, 3, RawFairMutex::<LoomItf>::unlocked);
     }
 
     /// Three threads, one of which takes the mutex twice: its second lock
@@ -223,7 +240,12 @@ mod tests {
     /// still be woken.
     #[test]
     fn loom_mutex_woken_waiter_parks_again() {
-        contend::<RawMutex<LoomItf>>(2, vec![(2, false), (1, false), (1, false)], |_| {});
+        contend_on(
+            2,
+            vec![(2, false), (1, false), (1, false)],
+            |_| {},
+            unbiased,
+        );
     }
 
     /// A holder that backs off (releases the lock and takes it again as a
@@ -231,13 +253,25 @@ mod tests {
     /// critical sections run exactly once.
     #[test]
     fn loom_mutex_back_off() {
-        contend::<RawMutex<LoomItf>>(2, vec![(1, true), (1, false)], RawMutex::back_off);
+        contend_on(2, vec![(1, true), (1, false)], RawMutex::back_off, unbiased);
+    }
+
+    /// The biased fast path against revocation: the first thread to lock
+    /// biases the mutex to its (loom) thread — a one-worker library — and
+    /// takes it again without a CAS, while another thread revokes the bias
+    /// and takes the lock with a CAS; with three threads, two revoke at
+    /// once. The critical sections never overlap (loom checks the counter's
+    /// accesses for causality), and nobody is left parked.
+    #[test]
+    fn loom_mutex_bias_revocation() {
+        contend::<RawMutex<LoomItf>>(2, vec![(2, false), (1, false)], |_| {});
+        mutex_threads(3, 1, RawMutex::<LoomItf>::unlocked);
     }
 
     #[test]
     fn loom_mutex_three_threads() {
-        mutex_threads::<RawMutex<LoomItf>>(3, 1);
-        mutex_threads::<RawFairMutex<LoomItf>>(3, 1);
+        mutex_threads(3, 1, unbiased);
+        mutex_threads(3, 1, RawFairMutex::<LoomItf>::unlocked);
     }
 
     /// `unlock_and_wait` vs a waker that takes the lock: when the waker holds

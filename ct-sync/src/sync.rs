@@ -8,6 +8,39 @@ pub(crate) use loom::sync::atomic::{
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering, fence};
 
+/// A number above 1 that differs between OS threads alive at the same time
+/// (the address of a thread-local; under loom: between loom threads, which
+/// share an OS thread).
+#[cfg(not(loom))]
+pub(crate) fn os_thread_id() -> usize {
+    std::thread_local! {
+        static ID: u8 = const { 0 };
+    }
+    ID.with(|b| core::ptr::from_ref(b) as usize)
+}
+
+#[cfg(loom)]
+pub(crate) fn os_thread_id() -> usize {
+    // The thread's number within the execution (its `Debug` form is
+    // `ThreadId(n)`); hashing the id itself would differ between executions.
+    let name = format!("{:?}", loom::thread::current().id());
+    let n: usize = name
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect::<String>()
+        .parse()
+        .unwrap_or(0);
+    (n + 1) * 64
+}
+
+/// Whether [`light_fence`] is only a compiler fence (the process can use
+/// `membarrier`); under loom, where both sides are full fences, as if it
+/// were.
+#[inline]
+pub(crate) fn asymmetric_fences() -> bool {
+    cfg!(loom) || ct_worker::membarrier::available()
+}
+
 /// The cheap side of an asymmetric fence (see [`heavy_fence`]): only a
 /// compiler fence when the process can use `membarrier`, else a full fence.
 /// Under loom both sides are full fences (loom cannot model `membarrier`; the

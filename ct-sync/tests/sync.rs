@@ -96,6 +96,63 @@ fn mutex_50_threads_10k_increments() {
     });
 }
 
+/// A mutex biased to the OS thread of a one-worker runtime (its threads
+/// lock without a CAS) while OS threads outside the runtime take it too:
+/// the first of them revokes the bias, and no increment is lost, whether
+/// the foreign threads start before, during or after the biased ones.
+#[test]
+fn biased_mutex_is_revoked_by_foreign_os_threads() {
+    with_timeout(120, || {
+        for start_after_ms in [0u64, 0, 0, 0, 0, 1, 2, 20] {
+            let rt = Runtime::builder().workers(1).build().unwrap();
+            let m = Arc::new(Mutex::new(0u64));
+            let foreign: Vec<_> = (0..2)
+                .map(|_| {
+                    let m = m.clone();
+                    std::thread::spawn(move || {
+                        std::thread::sleep(Duration::from_millis(start_after_ms));
+                        for i in 0..50_000u64 {
+                            *m.lock() += 1;
+                            if i % 1024 == 0 {
+                                std::thread::yield_now();
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let m2 = m.clone();
+            rt.block_on(move || {
+                let hs: Vec<_> = (0..8)
+                    .map(|_| {
+                        let m = m2.clone();
+                        ct_worker::spawn(move || {
+                            for i in 0..50_000u64 {
+                                let mut g = m.lock();
+                                let v = *g;
+                                if i % 512 == 0 {
+                                    ct_worker::yield_now();
+                                }
+                                *g = v + 1;
+                            }
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    h.join();
+                }
+            });
+            for t in foreign {
+                t.join().unwrap();
+            }
+            assert_eq!(
+                *m.lock(),
+                10 * 50_000,
+                "foreign threads after {start_after_ms} ms"
+            );
+        }
+    });
+}
+
 /// One thread holds the lock almost all the time (about 0.5 µs per
 /// acquisition, re-taken at once, no yields) until another thread, which
 /// asked for the lock once, has got it. The barging protocol lets the busy
