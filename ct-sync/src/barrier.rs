@@ -22,10 +22,10 @@
 //! the vCPUs close together, faster than on one worker).
 //!
 //! A worker about to sleep cannot watch: its hook then marks the group
-//! asleep (and looks at the generation once more), and the thread that
-//! completes the episode wakes the thread in the group's last slot instead,
-//! through the worker's inbox, which wakes the worker; that *local leader*
-//! wakes the rest of its group.
+//! asleep (and looks at the generation once more), and whoever completes
+//! the episode (a hook, or a thread of the shared group) wakes the thread
+//! in the group's last slot instead, through the worker's inbox, which wakes
+//! the worker; that *local leader* wakes the rest of its group.
 //!
 //! Threads that cannot queue hooks (OS threads, or more workers than groups)
 //! share a last group: they count themselves in it and in the barrier with
@@ -93,10 +93,9 @@ const CLAIMED: usize = 2;
 
 /// The waiters of one group: the threads of one worker, or (the last group)
 /// of any thread that cannot use an owned group.
-#[repr(C)]
 struct Group<U: UltItf> {
     /// Publishes the group's arrivals and wakes its waiters (owned groups;
-    /// first, so that the hook's address is the group's).
+    /// its data pointer is the group).
     hook: IdleHook,
     /// The barrier, for the hook (set before each queueing).
     barrier: AtomicPtr<()>,
@@ -105,8 +104,10 @@ struct Group<U: UltItf> {
     /// The OS thread whose threads use this group ([`os_thread_id`](crate::sync::os_thread_id); 0:
     /// none yet, and always for the shared last group). Only that OS thread
     /// touches `queued`, `episode`, `count` and `flushed` of an owned group
-    /// (besides the completer, which reads `count` of a group it claimed),
-    /// and nothing suspends its threads between their loads and stores.
+    /// (besides a completer that claims the group from its sleeping worker,
+    /// and then reads and resets the counts its hook has published and left
+    /// alone), and nothing suspends its threads between their loads and
+    /// stores.
     /// On a line of its own: threads of other OS threads read it at every
     /// arrival (looking for their group); next to the owner's counts, each
     /// such read made the owner's next count miss, and the fence of its next
