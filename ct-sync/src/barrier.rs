@@ -429,13 +429,39 @@ impl<U: UltItf> Barrier<U> {
         let mut pending = false;
         let mut wake = None;
         for parity in 0..2 {
+            // The state first: a completer may claim an ASLEEP parity and
+            // reset its counts at any moment, so they are read only when
+            // nobody else can write them — WATCHING (only the owner sets
+            // ASLEEP), or ASLEEP taken back with a CAS. (Reading the counts
+            // first, a hook saw the old count and the reset `flushed`, and
+            // published the group's arrivals twice.)
+            let state = group.watch[parity].load(Ordering::Relaxed);
+            if state == CLAIMED {
+                // The completer has reset the counts and woken the local
+                // leader, which wakes the rest.
+                continue;
+            }
             let c = group.count[parity].load(Ordering::Relaxed);
-            // (Claimed: the completer has reset the count and woken the
-            // local leader, which wakes the rest.)
-            if c == 0 || group.watch[parity].load(Ordering::Relaxed) == CLAIMED {
+            if c == 0 {
                 continue;
             }
             let e = group.episode[parity].load(Ordering::Relaxed);
+            if state == ASLEEP {
+                // Handed over, with every arrival published: take the
+                // wake-up back if the episode is over and the completer has
+                // not claimed it; else keep watching while awake.
+                if self.generation.load(Ordering::Acquire) != e {
+                    if group.watch[parity]
+                        .compare_exchange(ASLEEP, WATCHING, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        wake = Some((parity, c));
+                    }
+                } else if mode == IdleMode::Poll {
+                    pending = true;
+                }
+                continue;
+            }
             let published = group.flushed[parity].load(Ordering::Relaxed);
             if published != c {
                 group.flushed[parity].store(c, Ordering::Relaxed);
@@ -456,14 +482,6 @@ impl<U: UltItf> Barrier<U> {
                 }
             }
             if self.generation.load(Ordering::Acquire) != e {
-                // Released; take the wake-up back if we handed it over.
-                if group.watch[parity].load(Ordering::Relaxed) == ASLEEP
-                    && group.watch[parity]
-                        .compare_exchange(ASLEEP, WATCHING, Ordering::Relaxed, Ordering::Relaxed)
-                        .is_err()
-                {
-                    continue;
-                }
                 wake = Some((parity, c));
             } else if mode == IdleMode::Sleep {
                 // Hand the wake-up over, then look again: a store, a full
