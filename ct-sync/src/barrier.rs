@@ -135,6 +135,25 @@ struct Group<U: UltItf> {
     slots: [Box<[U::SuspendedThread]>; 2],
 }
 
+impl<U: UltItf> Group<U> {
+    /// The owner's hook takes back the wake-up of `parity` that it handed
+    /// over when its worker went to sleep; fails if a completer claimed it.
+    fn take_back(&self, parity: usize) -> bool {
+        self.watch[parity]
+            .compare_exchange(ASLEEP, WATCHING, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// A completer takes over the wake-up of `parity` from a sleeping
+    /// worker; fails if the group is watched (or its hook took it back).
+    fn claim(&self, parity: usize) -> bool {
+        self.watch[parity].load(Ordering::Relaxed) == ASLEEP
+            && self.watch[parity]
+                .compare_exchange(ASLEEP, CLAIMED, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
 /// A barrier for a fixed number of threads, reusable for any number of
 /// episodes, like [`std::sync::Barrier`]. Waiting threads park. Everything a
 /// thread wrote before `wait` is visible to every thread after it.
@@ -451,10 +470,7 @@ impl<U: UltItf> Barrier<U> {
                 // wake-up back if the episode is over and the completer has
                 // not claimed it; else keep watching while awake.
                 if self.generation.load(Ordering::Acquire) != e {
-                    if group.watch[parity]
-                        .compare_exchange(ASLEEP, WATCHING, Ordering::Relaxed, Ordering::Relaxed)
-                        .is_ok()
-                    {
+                    if group.take_back(parity) {
                         wake = Some((parity, c));
                     }
                 } else if mode == IdleMode::Poll {
@@ -491,11 +507,7 @@ impl<U: UltItf> Barrier<U> {
                 // it acquired, are this group's waiters' to see.)
                 group.watch[parity].store(ASLEEP, Ordering::Relaxed);
                 fence(Ordering::SeqCst);
-                if self.generation.load(Ordering::Acquire) != e
-                    && group.watch[parity]
-                        .compare_exchange(ASLEEP, WATCHING, Ordering::Relaxed, Ordering::Relaxed)
-                        .is_ok()
-                {
+                if self.generation.load(Ordering::Acquire) != e && group.take_back(parity) {
                     wake = Some((parity, c));
                 }
             } else {
@@ -537,11 +549,7 @@ impl<U: UltItf> Barrier<U> {
                     let c = grp.count[parity].swap(0, Ordering::Relaxed);
                     U::SuspendedThread::notify_home_each(&grp.slots[parity][..c]);
                 }
-            } else if grp.watch[parity].load(Ordering::Relaxed) == ASLEEP
-                && grp.watch[parity]
-                    .compare_exchange(ASLEEP, CLAIMED, Ordering::Relaxed, Ordering::Relaxed)
-                    .is_ok()
-            {
+            } else if grp.claim(parity) {
                 // Its worker sleeps: reset its counts (its hook skips a
                 // claimed parity) and wake its local leader (the thread in
                 // its last slot), which wakes the rest where they parked.
