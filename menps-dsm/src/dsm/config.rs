@@ -13,6 +13,8 @@
 //! | `MENPS_DSM_LEASE` | logical lease added to a block's read timestamp | `10` |
 //! | `MENPS_DSM_HEAP_SIZE` | size of the DSM heap (`k`/`M`/`G` suffixes) | `1G` |
 //! | `MENPS_DSM_MUTEXES` | number of DSM mutexes that can exist at once | `1024` |
+//! | `MENPS_DSM_STACK_SIZE` | size of a call stack in the DSM (one block: power of two, 4 KiB .. 1 MiB) | `128k` |
+//! | `MENPS_DSM_STACKS` | call stacks each process can have at once (0: no stack region) | `32` |
 //!
 //! Builder values are defaults; the variables override them.
 
@@ -76,6 +78,10 @@ pub struct DsmConfig {
     pub heap_block_size: usize,
     /// Mutexes that can exist at once.
     pub max_mutexes: usize,
+    /// Size of one call stack of the stack region (one block).
+    pub stack_size: usize,
+    /// Call stacks per process (0: no stack region).
+    pub stacks_per_process: usize,
     /// Consecutive written transactions after which a writable block is
     /// protected again at release (the original's `WR_COUNT_THRESHOLD`).
     pub wr_count_threshold: u32,
@@ -97,6 +103,8 @@ impl Default for DsmConfig {
             heap_size: 1 << 30,
             heap_block_size: 4096,
             max_mutexes: 1024,
+            stack_size: 128 * 1024,
+            stacks_per_process: 32,
             wr_count_threshold: 2,
             max_fast_releases: 64,
         }
@@ -162,6 +170,12 @@ impl DsmConfig {
         if let Some(v) = var("MENPS_DSM_MUTEXES") {
             self.max_mutexes = parse_size("MENPS_DSM_MUTEXES", &v)?;
         }
+        if let Some(v) = var("MENPS_DSM_STACK_SIZE") {
+            self.stack_size = parse_size("MENPS_DSM_STACK_SIZE", &v)?;
+        }
+        if let Some(v) = var("MENPS_DSM_STACKS") {
+            self.stacks_per_process = parse_size("MENPS_DSM_STACKS", &v)?;
+        }
         Ok(self)
     }
 
@@ -169,6 +183,15 @@ impl DsmConfig {
     pub fn validate(&self, nprocs: usize) -> DsmResult<()> {
         check_block_size(self.block_size)?;
         check_block_size(self.heap_block_size)?;
+        if self.stacks_per_process > 0 {
+            check_block_size(self.stack_size).map_err(|_| {
+                DsmError::Config(format!(
+                    "stack size {} is not a power of two between {MIN_BLOCK_SIZE} and \
+                     {MAX_BLOCK_SIZE} (a DSM call stack is one block)",
+                    self.stack_size
+                ))
+            })?;
+        }
         if self.wn_list_len > MAX_WN_LIST {
             return Err(DsmError::Config(format!(
                 "write-notice list of {} entries is above the limit of {MAX_WN_LIST}",

@@ -59,8 +59,9 @@ use crate::com::Communicator;
 
 use super::config::MIN_BLOCK_SIZE;
 use super::error::{DsmError, DsmResult};
-use super::heap::{GLOBALS_SLOT, globals_base};
-use super::space::Space;
+use super::layout;
+use super::memory::map::{RegionKind, Request};
+use super::space::{Init, Space};
 use super::{Dsm, fingerprint};
 
 #[doc(hidden)]
@@ -138,7 +139,7 @@ impl<T: Copy + 'static> DsmGlobal<T> {
         dsm: &Dsm<C, U>,
     ) -> DsmResult<*mut T> {
         let off = self.offset.load(Ordering::Acquire);
-        if off == UNSET || !dsm.mem.has_globals() {
+        if off == UNSET || !dsm.mem.globals {
             return Err(DsmError::Misuse(format!(
                 "a DSM global of type {} was not laid out (declare it with dsm_global!)",
                 core::any::type_name::<T>()
@@ -256,7 +257,17 @@ pub(crate) fn init<C: Communicator + 'static, U: UltItf>(space: &Space<C, U>) ->
     let (offsets, total) = layout_in_order(slots.iter().map(|s| s.layout()));
     let bs = MIN_BLOCK_SIZE.max(crate::sys::page_size());
     let size = total.next_multiple_of(bs).max(bs);
-    let base = space.create_segment_in_slot(GLOBALS_SLOT, size, bs)?;
+    let base = space
+        .create_region(
+            Ok(Request {
+                kind: RegionKind::Globals,
+                size,
+                block_size: bs,
+                at: None,
+            }),
+            Init::Zero,
+        )?
+        .base;
     debug_assert_eq!(base, globals_base());
     for (s, &off) in slots.iter().zip(&offsets) {
         s.set_offset(off);
@@ -272,6 +283,11 @@ pub(crate) fn init<C: Communicator + 'static, U: UltItf>(space: &Space<C, U>) ->
     }
     space.barrier()?;
     Ok(true)
+}
+
+/// Base address of the globals segment (fixed).
+pub(crate) fn globals_base() -> usize {
+    layout::segment_base(RegionKind::Globals.fixed_id().expect("a runtime region"))
 }
 
 #[cfg(test)]

@@ -78,6 +78,7 @@ pub mod fault;
 pub mod globals;
 pub mod heap;
 pub mod layout;
+pub mod memory;
 mod qlock;
 pub mod segment;
 pub mod signature;
@@ -95,6 +96,7 @@ pub use config::{DsmConfig, InvalidationPolicy, WriterPolicy};
 pub use error::{DsmError, DsmResult, RaceReport};
 pub use globals::DsmGlobal;
 pub use heap::{HeapStats, HeapUsage};
+pub use memory::{Region, RegionKind, SlotRegion};
 pub use segment::BlockState;
 pub use space::StatsSnapshot;
 pub use typed::{DsmBox, DsmVec};
@@ -120,8 +122,8 @@ impl<C: Communicator + 'static, U: UltItf> fault::FaultResolver for Space<C, U> 
 pub struct Dsm<C: Communicator + 'static, U: UltItf = OsThreads> {
     space: &'static Space<C, U>,
     done: bool,
-    /// The heap and the globals segment ([`heap`], [`globals`]).
-    mem: heap::MemState<U>,
+    /// The heap, the globals, the slot regions ([`memory`]).
+    mem: memory::MemState<U>,
     _u: PhantomData<fn() -> U>,
 }
 
@@ -164,7 +166,7 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         let mut dsm = Dsm {
             space,
             done: false,
-            mem: heap::MemState::default(),
+            mem: memory::MemState::default(),
             _u: PhantomData,
         };
         // The heap and the DSM globals (collective).
@@ -203,8 +205,8 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// the same in every process. Its memory starts zeroed.
     pub fn alloc_segment(&self, size: usize, block_size: usize) -> DsmResult<*mut u8> {
         self.space
-            .create_segment(size, block_size, None)
-            .map(|a| a as *mut u8)
+            .create_region(segment_request(size, block_size), space::Init::Zero)
+            .map(|r| r.base as *mut u8)
     }
 
     /// Collectively creates a segment whose initial contents are `image`
@@ -212,8 +214,8 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     pub fn alloc_segment_with(&self, image: &[u8], block_size: usize) -> DsmResult<*mut u8> {
         let size = image.len().next_multiple_of(block_size).max(block_size);
         self.space
-            .create_segment(size, block_size, Some(image))
-            .map(|a| a as *mut u8)
+            .create_region(segment_request(size, block_size), space::Init::Image(image))
+            .map(|r| r.base as *mut u8)
     }
 
     /// DSM barrier: every write before it, by any process, is visible to
@@ -372,6 +374,22 @@ impl<C: Communicator + 'static, U: UltItf> Drop for DsmMutexGuard<'_, C, U> {
             let _ = self.dsm.space.mutex_unlock(self.m.0);
         }
     }
+}
+
+/// The request for a user segment, checked.
+fn segment_request(size: usize, block_size: usize) -> DsmResult<memory::map::Request> {
+    config::check_block_size(block_size)?;
+    if size == 0 || !size.is_multiple_of(block_size) {
+        return Err(DsmError::InvalidArgument(format!(
+            "segment size {size} must be a positive multiple of the block size {block_size}"
+        )));
+    }
+    Ok(memory::map::Request {
+        kind: memory::RegionKind::Segment,
+        size,
+        block_size,
+        at: None,
+    })
 }
 
 /// FNV-1a of a string (configuration agreement check).

@@ -26,7 +26,7 @@ use ct_worker::UltItf;
 use crate::com::{Communicator, WindowId};
 
 use super::error::{DsmError, DsmResult};
-use super::layout::{self, MAX_BLOCKS_PER_SEGMENT, SEG_SLOT};
+use super::layout::{self, MAX_BLOCKS_PER_SEGMENT};
 
 /// State of a block in one process (Endo 2020 §3.5.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -167,6 +167,41 @@ impl Lad {
     }
 }
 
+/// The fresh windows of a segment being created, for its `fill` step.
+pub(crate) struct Fresh {
+    /// This process's system view (`size` bytes, zero).
+    pub data: *mut u8,
+    /// This process's twins (`size` bytes, zero).
+    pub twin: *mut u8,
+    /// The data window (to read another process's system view).
+    pub data_win: WindowId,
+    /// Size of the segment.
+    pub size: usize,
+}
+
+impl Fresh {
+    /// Copies `img` (at most `size` bytes) into the system view and the
+    /// twin.
+    pub fn copy_image(&self, img: &[u8]) -> DsmResult<()> {
+        if img.len() > self.size {
+            return Err(DsmError::InvalidArgument(format!(
+                "initial image of {} bytes is larger than the segment ({})",
+                img.len(),
+                self.size
+            )));
+        }
+        // SAFETY: the system view and twin are this process's fresh window
+        // parts of `size` bytes; nobody accesses them yet (the segment is not
+        // published, and remote processes only access blocks after a lock
+        // hand-off, which follows creation).
+        unsafe {
+            core::ptr::copy_nonoverlapping(img.as_ptr(), self.data, img.len());
+            core::ptr::copy_nonoverlapping(img.as_ptr(), self.twin, img.len());
+        }
+        Ok(())
+    }
+}
+
 /// A segment as one process sees it.
 pub(crate) struct Segment<U: UltItf> {
     pub id: usize,
@@ -183,6 +218,8 @@ pub(crate) struct Segment<U: UltItf> {
     pub data: *mut u8,
     /// This process's twins.
     pub twin: *mut u8,
+    /// An adopted range (outside the DSM's own range).
+    pub adopted: bool,
     chunks: Box<[AtomicPtr<BlockEntry<U>>]>,
 }
 
@@ -194,27 +231,24 @@ unsafe impl<U: UltItf> Send for Segment<U> {}
 unsafe impl<U: UltItf> Sync for Segment<U> {}
 
 impl<U: UltItf> Segment<U> {
-    /// Creates segment `id` collectively: the three windows, the application
-    /// view (inaccessible: every block starts `InvalidClean`).
+    /// Creates segment `id` collectively at `base`: the three windows, the
+    /// application view (inaccessible: every block starts `InvalidClean`).
     ///
-    /// If `image` is given, the segment's initial contents are copied from
-    /// it (the same in every process).
+    /// `fill` writes the initial contents (the same in every process once
+    /// it returns everywhere) into the fresh system view and twin, before
+    /// the application view replaces whatever was mapped at `base`.
     pub fn create<C: Communicator>(
         com: &C,
         id: usize,
+        base: usize,
         size: usize,
         block_size: usize,
-        image: Option<&[u8]>,
+        fill: impl FnOnce(&Fresh) -> DsmResult<()>,
     ) -> DsmResult<Self> {
         super::config::check_block_size(block_size)?;
         if size == 0 || !size.is_multiple_of(block_size) {
             return Err(DsmError::InvalidArgument(format!(
                 "segment size {size} must be a positive multiple of the block size {block_size}"
-            )));
-        }
-        if size > SEG_SLOT {
-            return Err(DsmError::InvalidArgument(format!(
-                "segment size {size} exceeds the limit of {SEG_SLOT} bytes"
             )));
         }
         let nblocks = size / block_size;
@@ -239,23 +273,12 @@ impl<U: UltItf> Segment<U> {
                  mappings (see `com::Windows`)"
             )));
         }
-        let base = layout::segment_base(id);
-        if let Some(img) = image {
-            if img.len() > size {
-                return Err(DsmError::InvalidArgument(format!(
-                    "initial image of {} bytes is larger than the segment ({size})",
-                    img.len()
-                )));
-            }
-            // SAFETY: the system view and twin are this process's fresh
-            // window parts of `size` bytes; nobody accesses them yet (the
-            // segment is not published, and remote processes only access
-            // blocks after a lock hand-off, which follows creation).
-            unsafe {
-                core::ptr::copy_nonoverlapping(img.as_ptr(), data, img.len());
-                core::ptr::copy_nonoverlapping(img.as_ptr(), twin, img.len());
-            }
-        }
+        fill(&Fresh {
+            data,
+            twin,
+            data_win,
+            size,
+        })?;
         // The application view: the system view's pages again, at `base`.
         // SAFETY: mremap with old_size 0 duplicates a shared mapping (the
         // window part is MAP_SHARED); MREMAP_FIXED places it over our own
@@ -293,6 +316,7 @@ impl<U: UltItf> Segment<U> {
             meta_win,
             data,
             twin,
+            adopted: !layout::in_dsm_range(base),
             chunks,
         })
     }
@@ -373,8 +397,43 @@ impl<U: UltItf> Segment<U> {
         unsafe { &*p.add(idx & (CHUNK - 1)) }
     }
 
-    /// Makes the application view inaccessible for good (at shutdown).
+    /// Ends the application view (at shutdown): a segment of the DSM's
+    /// range becomes an inaccessible reservation again; an adopted range
+    /// becomes ordinary private memory holding this process's copy (the
+    /// system view), so the program can go on using it.
     pub fn retire(&self) {
+        if self.adopted {
+            // SAFETY: a fresh private mapping of our own, filled from the
+            // system view (a live window part of `size` bytes), then moved
+            // over our application view at `base`, which only the DSM maps.
+            unsafe {
+                let tmp = libc::mmap(
+                    core::ptr::null_mut(),
+                    self.size,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                );
+                if tmp != libc::MAP_FAILED {
+                    core::ptr::copy_nonoverlapping(self.data, tmp.cast::<u8>(), self.size);
+                    let p = libc::mremap(
+                        tmp,
+                        self.size,
+                        self.size,
+                        libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                        self.base as *mut libc::c_void,
+                    );
+                    if p != libc::MAP_FAILED {
+                        return;
+                    }
+                    libc::munmap(tmp, self.size);
+                }
+                // Out of memory: the range at least stays readable.
+                libc::mprotect(self.base as *mut libc::c_void, self.size, libc::PROT_READ);
+            }
+            return;
+        }
         // SAFETY: replaces our own application view with an inaccessible
         // reservation, as `layout::reserve` made it.
         unsafe {

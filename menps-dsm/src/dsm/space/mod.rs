@@ -19,6 +19,7 @@ use super::config::{DsmConfig, InvalidationPolicy, WriterPolicy};
 use super::diff;
 use super::error::{DsmError, DsmResult, RaceReport};
 use super::layout::{self, MAX_SEGMENTS};
+use super::memory::map::{self, AddressMap, Region, Request};
 use super::qlock::LockSite;
 use super::segment::{BlockMeta, BlockState, Segment};
 use super::signature::Signature;
@@ -47,6 +48,17 @@ pub(crate) enum AtomicOp {
     Store(u64),
     FetchAdd(u64),
     CompareExchange(u64, u64),
+}
+
+/// The initial contents of a new region.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Init<'a> {
+    /// Zeros.
+    Zero,
+    /// These bytes (the same in every process), then zeros.
+    Image(&'a [u8]),
+    /// What process 0 has at the region's address now (adopted ranges).
+    FromRoot,
 }
 
 /// Why a transaction runs.
@@ -156,7 +168,8 @@ pub(crate) struct Space<C: Communicator, U: UltItf> {
     pub nprocs: usize,
     pub cfg: DsmConfig,
     segs: Box<[AtomicPtr<Segment<U>>]>,
-    next_seg: std::sync::Mutex<usize>,
+    /// The address map (also serialises region creation).
+    map: std::sync::Mutex<AddressMap>,
     /// The acquire timestamp (`min_wr_ts`): copies whose lease ends before
     /// it are stale.
     acq_ts: AtomicU64,
@@ -198,7 +211,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             segs: (0..MAX_SEGMENTS)
                 .map(|_| AtomicPtr::new(core::ptr::null_mut()))
                 .collect(),
-            next_seg: std::sync::Mutex::new(0),
+            map: std::sync::Mutex::new(AddressMap::default()),
             acq_ts: AtomicU64::new(0),
             read_set: Mutex::new_in(BinaryHeap::new()),
             write_set: Mutex::new_in(Vec::new()),
@@ -255,51 +268,65 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     // ---------------------------------------------------------------
     // Segments
 
-    /// Collectively creates a segment; returns its base address.
-    pub fn create_segment(
-        &self,
-        size: usize,
-        block_size: usize,
-        image: Option<&[u8]>,
-    ) -> DsmResult<usize> {
+    /// Collectively creates the region `req`: its place is decided by the
+    /// address map in every process and agreed on by all (an error in any
+    /// process — `req` itself may be one — or processes that disagree fail
+    /// the call in all of them, before any window exists); `init` gives its
+    /// initial contents.
+    pub fn create_region(&self, req: DsmResult<Request>, init: Init<'_>) -> DsmResult<Region> {
         self.check()?;
-        let mut next = self.next_seg.lock().unwrap_or_else(|e| e.into_inner());
-        let id = *next;
-        // The last slots are the heap's and the globals'.
-        if id >= super::heap::FIRST_RESERVED_SLOT {
-            return Err(DsmError::OutOfMemory(format!(
-                "at most {} segments can exist",
-                super::heap::FIRST_RESERVED_SLOT
-            )));
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let placed = req.and_then(|r| map.place(r));
+        // Agreement: (ok, fingerprint) from everybody.
+        let mine = match &placed {
+            Ok(r) => [1, r.fingerprint()],
+            Err(_) => [0, 0],
+        };
+        let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let all = self.com.allgather(&bytes)?;
+        let region = placed?;
+        for (rank, c) in all.chunks_exact(16).enumerate() {
+            if c[..8] != 1u64.to_le_bytes() {
+                return Err(DsmError::Misuse(format!(
+                    "process {rank} could not place the {} of {} bytes (see its error)",
+                    region.kind, region.size
+                )));
+            }
+            if c[8..] != bytes[8..] {
+                return Err(DsmError::Misuse(format!(
+                    "processes disagree on the {} of {} bytes: process {rank} placed it \
+                     differently from process {} (the same collective calls, with the same \
+                     arguments, must be made in every process)",
+                    region.kind, region.size, self.rank
+                )));
+            }
         }
-        let seg = Segment::create(&self.com, id, size, block_size, image)?;
-        let base = seg.base;
-        self.segs[id].store(Box::into_raw(Box::new(seg)), Ordering::Release);
-        *next += 1;
-        Ok(base)
+        let seg = Segment::create(
+            &self.com,
+            region.id,
+            region.base,
+            region.size,
+            region.block_size,
+            |fresh| match init {
+                Init::Zero => Ok(()),
+                Init::Image(img) => fresh.copy_image(img),
+                Init::FromRoot => {
+                    super::memory::adopt::fill_from_root(&self.com, fresh, region.base)
+                }
+            },
+        )?;
+        self.segs[region.id].store(Box::into_raw(Box::new(seg)), Ordering::Release);
+        map.commit(region)?;
+        Ok(region)
     }
 
-    /// Collectively creates a zeroed segment in the reserved slot `id` (the
-    /// heap's or the globals', outside `create_segment`'s sequence); returns
-    /// its base address.
-    pub(crate) fn create_segment_in_slot(
-        &self,
-        id: usize,
-        size: usize,
-        block_size: usize,
-    ) -> DsmResult<usize> {
-        self.check()?;
-        let _next = self.next_seg.lock().unwrap_or_else(|e| e.into_inner());
-        if !(super::heap::FIRST_RESERVED_SLOT..MAX_SEGMENTS).contains(&id) || self.seg(id).is_some()
-        {
-            return Err(DsmError::Misuse(format!(
-                "segment slot {id} is not a free reserved slot"
-            )));
-        }
-        let seg = Segment::create(&self.com, id, size, block_size, None)?;
-        let base = seg.base;
-        self.segs[id].store(Box::into_raw(Box::new(seg)), Ordering::Release);
-        Ok(base)
+    /// The regions of the address map, in creation order.
+    pub fn regions(&self) -> Vec<Region> {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .regions()
+            .to_vec()
     }
 
     /// The segment in slot `id`.
@@ -310,10 +337,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         (!p.is_null()).then(|| unsafe { &*p })
     }
 
-    /// The segment and block index of `addr`.
+    /// The segment and block index of `addr` (async-signal-safe).
     #[inline]
     pub fn locate(&self, addr: usize) -> Option<(&Segment<U>, usize)> {
-        let seg = self.seg(layout::slot_of(addr)?)?;
+        let id = match layout::slot_of(addr) {
+            Some(id) => id,
+            None => map::adopted_id(addr)?,
+        };
+        let seg = self.seg(id)?;
         seg.contains(addr).then(|| (seg, seg.index_of(addr)))
     }
 
@@ -614,5 +645,6 @@ impl<C: Communicator, U: UltItf> Drop for Space<C, U> {
                 seg.retire();
             }
         }
+        map::clear_adopted();
     }
 }

@@ -1,0 +1,184 @@
+//! Slot regions: a region cut into equal slots, each process owning a
+//! contiguous share — call stacks of user-level threads, thread-local blocks
+//! of team threads.
+//!
+//! Slot `i` of process `p` is at `base + (p · per_process + i) · slot_size`,
+//! the same address in every process, so a pointer into another process's
+//! stack (a variable of the master thread's frame, say) is valid
+//! everywhere. A process takes and gives back only its own slots, with no
+//! communication.
+
+use core::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crate::dsm::error::{DsmError, DsmResult};
+
+use super::map::{Region, RegionKind};
+
+/// A region of equal slots, each process owning `per_process` of them.
+#[derive(Debug)]
+pub struct SlotRegion {
+    region: Region,
+    slot_size: usize,
+    per_process: usize,
+    rank: usize,
+    nprocs: usize,
+    /// Free slots of this process (indices into its share), and which are
+    /// taken.
+    free: Mutex<Free>,
+    taken: AtomicUsize,
+}
+
+#[derive(Debug)]
+struct Free {
+    list: Vec<usize>,
+    taken: Vec<bool>,
+}
+
+impl SlotRegion {
+    /// The slot layout of `region` (made for `nprocs × per_process` slots of
+    /// `slot_size` bytes).
+    pub(crate) fn new(
+        region: Region,
+        slot_size: usize,
+        per_process: usize,
+        rank: usize,
+        nprocs: usize,
+    ) -> Self {
+        debug_assert_eq!(region.size, slot_size * per_process * nprocs);
+        SlotRegion {
+            region,
+            slot_size,
+            per_process,
+            rank,
+            nprocs,
+            // Lowest slots first.
+            free: Mutex::new(Free {
+                list: (0..per_process).rev().collect(),
+                taken: vec![false; per_process],
+            }),
+            taken: AtomicUsize::new(0),
+        }
+    }
+
+    /// What the region holds ([`RegionKind::Stacks`] or
+    /// [`RegionKind::ThreadLocal`]).
+    pub fn kind(&self) -> RegionKind {
+        self.region.kind
+    }
+
+    /// The whole region.
+    pub fn region(&self) -> Region {
+        self.region
+    }
+
+    /// Bytes of one slot.
+    pub fn slot_size(&self) -> usize {
+        self.slot_size
+    }
+
+    /// Slots each process owns.
+    pub fn slots_per_process(&self) -> usize {
+        self.per_process
+    }
+
+    /// Slots of this process taken now.
+    pub fn taken(&self) -> usize {
+        self.taken.load(Ordering::Relaxed)
+    }
+
+    /// Address of slot `index` of process `rank`.
+    pub fn slot(&self, rank: usize, index: usize) -> Option<*mut u8> {
+        (rank < self.nprocs && index < self.per_process).then(|| {
+            (self.region.base + (rank * self.per_process + index) * self.slot_size) as *mut u8
+        })
+    }
+
+    /// The owner and index of the slot holding `addr`.
+    pub fn owner_of(&self, addr: *const u8) -> Option<(usize, usize)> {
+        let a = addr as usize;
+        self.region.contains(a).then(|| {
+            let s = (a - self.region.base) / self.slot_size;
+            (s / self.per_process, s % self.per_process)
+        })
+    }
+
+    /// Takes a free slot of this process; its memory keeps whatever the
+    /// slot's previous user left.
+    pub fn take(&self) -> DsmResult<*mut u8> {
+        let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let i = f.list.pop().ok_or_else(|| {
+            DsmError::OutOfMemory(format!(
+                "all {} slots of the {} of process {} are taken (raise the count per process)",
+                self.per_process, self.region.kind, self.rank
+            ))
+        })?;
+        f.taken[i] = true;
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        Ok(self.slot(self.rank, i).expect("own slot"))
+    }
+
+    /// Gives back a slot [`SlotRegion::take`] returned.
+    pub fn give_back(&self, slot: *mut u8) -> DsmResult<()> {
+        let bad = || {
+            DsmError::InvalidArgument(format!(
+                "{slot:p} is not a taken slot of the {} of process {}",
+                self.region.kind, self.rank
+            ))
+        };
+        let (rank, i) = self.owner_of(slot).ok_or_else(bad)?;
+        if rank != self.rank || self.slot(rank, i) != Some(slot) {
+            return Err(bad());
+        }
+        let mut f = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if !f.taken[i] {
+            return Err(bad());
+        }
+        f.taken[i] = false;
+        f.list.push(i);
+        self.taken.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(n: usize) -> SlotRegion {
+        let r = Region {
+            kind: RegionKind::Stacks,
+            base: 1 << 40,
+            size: 3 * 2 * 8192,
+            block_size: 8192,
+            id: 124,
+        };
+        SlotRegion::new(r, 8192, n, 1, 3)
+    }
+
+    #[test]
+    fn slots_are_per_process_and_reused() {
+        let s = region(2);
+        let a = s.take().unwrap();
+        let b = s.take().unwrap();
+        assert_eq!(a as usize, (1 << 40) + 2 * 8192, "process 1's first slot");
+        assert_eq!(b as usize, (1 << 40) + 3 * 8192);
+        assert_eq!(s.owner_of(a), Some((1, 0)));
+        assert_eq!(s.owner_of(b.wrapping_add(100)), Some((1, 1)));
+        let e = s.take().unwrap_err();
+        assert!(
+            e.to_string().contains("all 2 slots of the stack region"),
+            "{e}"
+        );
+        assert_eq!(s.taken(), 2);
+        s.give_back(a).unwrap();
+        assert!(s.give_back(a).is_err(), "double give-back");
+        assert!(
+            s.give_back(s.slot(0, 0).unwrap()).is_err(),
+            "another process's slot"
+        );
+        assert!(s.give_back(b.wrapping_add(8)).is_err(), "inside a slot");
+        assert_eq!(s.take().unwrap(), a);
+        assert_eq!(s.slot(3, 0), None);
+    }
+}
