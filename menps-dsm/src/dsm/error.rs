@@ -56,6 +56,13 @@ pub enum DsmError {
     /// A write-write data race was detected; the DSM stops in this state.
     #[error("{0}")]
     DataRace(Box<RaceReport>),
+    /// No DSM runs in this process (the process-wide handle, [`super::process`],
+    /// was used before [`Dsm::new`](super::Dsm::new) or after the DSM ended).
+    #[error(
+        "no DSM is running in this process (used before the DSM started or after it was \
+         finalized)"
+    )]
+    NotRunning,
     /// Invalid configuration (builder values or `MENPS_DSM_*` variables).
     #[error("bad DSM configuration: {0}")]
     Config(String),

@@ -71,6 +71,7 @@
 //! every later one. A fault that cannot be resolved ends the process with
 //! the error on stderr (status 1 for a dead peer, abort otherwise).
 
+pub mod allocator;
 pub mod config;
 pub mod diff;
 pub mod error;
@@ -79,11 +80,13 @@ pub mod globals;
 pub mod heap;
 pub mod layout;
 pub mod memory;
+pub mod process;
 mod qlock;
 pub mod segment;
 pub mod signature;
 mod space;
 mod sync;
+pub mod team;
 pub mod typed;
 
 use std::marker::PhantomData;
@@ -92,6 +95,7 @@ use ct_worker::{OsThreads, UltItf};
 
 use crate::com::Communicator;
 
+pub use allocator::DsmAllocator;
 pub use config::{DsmConfig, InvalidationPolicy, WriterPolicy};
 pub use error::{DsmError, DsmResult, RaceReport};
 pub use globals::DsmGlobal;
@@ -123,12 +127,12 @@ pub struct Dsm<C: Communicator + 'static, U: UltItf = OsThreads> {
     space: &'static Space<C, U>,
     done: bool,
     /// The heap, the globals, the slot regions ([`memory`]).
-    mem: memory::MemState<U>,
+    mem: Box<memory::MemState<U>>,
     _u: PhantomData<fn() -> U>,
 }
 
 /// A DSM mutex: an id valid in every process (pass it through DSM memory or
-/// a broadcast).
+/// a broadcast, or get it from a key with [`Dsm::mutex_for_key`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DsmMutex(pub u32);
 
@@ -166,11 +170,16 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         let mut dsm = Dsm {
             space,
             done: false,
-            mem: memory::MemState::default(),
+            mem: Box::default(),
             _u: PhantomData,
         };
         // The heap and the DSM globals (collective).
         dsm.init_memory()?;
+        // Caches of the global allocator from an earlier DSM are stale.
+        allocator::new_generation();
+        // SAFETY: `dsm.mem` is boxed (it keeps its address when `dsm`
+        // moves) and `finalize` / `drop` unregister before it is freed.
+        unsafe { process::register(&dsm) }?;
         Ok(dsm)
     }
 
@@ -224,6 +233,12 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         self.space.barrier()
     }
 
+    /// The DSM's recorded failure, if it failed (it is fail-stop: every
+    /// operation after a failure returns it).
+    pub fn check(&self) -> DsmResult<()> {
+        self.space.check()
+    }
+
     /// Release fence: this process's writes so far become visible to any
     /// process that later acquires from it.
     pub fn release_fence(&self) -> DsmResult<()> {
@@ -233,6 +248,16 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// Allocates a DSM mutex (not collective; share its id).
     pub fn new_mutex(&self) -> DsmResult<DsmMutex> {
         self.space.mutex_alloc().map(DsmMutex)
+    }
+
+    /// The mutex of `key`: the same mutex in every process that asks for
+    /// the same key, without any exchange beforehand (not collective). A key
+    /// is any `u64` but `u64::MAX` — an address valid everywhere (a lock
+    /// variable in DSM memory), a hash of a name. Keyed mutexes cannot be
+    /// freed; there can be `max_mutexes` of them (`MENPS_DSM_MUTEXES`), on
+    /// top of the allocated ones.
+    pub fn mutex_for_key(&self, key: u64) -> DsmResult<DsmMutex> {
+        self.space.mutex_for_key(key).map(DsmMutex)
     }
 
     /// Frees a mutex that nobody holds; its id may be reused.
@@ -323,6 +348,7 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// crash as ordinary segmentation faults).
     pub fn finalize(mut self) -> DsmResult<()> {
         self.done = true;
+        process::unregister();
         let r = self.space.barrier();
         fault::unregister();
         // SAFETY: the space was leaked in `with_config`; the hook no longer
@@ -337,6 +363,7 @@ impl<C: Communicator + 'static, U: UltItf> Drop for Dsm<C, U> {
         if !self.done {
             // Not finalized (an error or a panic unwinds): stop resolving
             // faults, but keep the memory mapped for whoever still reads it.
+            process::unregister();
             fault::unregister();
         }
     }

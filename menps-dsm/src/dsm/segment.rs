@@ -218,8 +218,9 @@ pub(crate) struct Segment<U: UltItf> {
     pub data: *mut u8,
     /// This process's twins.
     pub twin: *mut u8,
-    /// An adopted range (outside the DSM's own range).
-    pub adopted: bool,
+    /// Whether the application view stays mapped at shutdown
+    /// ([`Segment::retire`]).
+    pub keep: bool,
     chunks: Box<[AtomicPtr<BlockEntry<U>>]>,
 }
 
@@ -316,7 +317,7 @@ impl<U: UltItf> Segment<U> {
             meta_win,
             data,
             twin,
-            adopted: !layout::in_dsm_range(base),
+            keep: false,
             chunks,
         })
     }
@@ -397,41 +398,16 @@ impl<U: UltItf> Segment<U> {
         unsafe { &*p.add(idx & (CHUNK - 1)) }
     }
 
-    /// Ends the application view (at shutdown): a segment of the DSM's
-    /// range becomes an inaccessible reservation again; an adopted range
-    /// becomes ordinary private memory holding this process's copy (the
-    /// system view), so the program can go on using it.
+    /// Ends the application view (at shutdown). A segment whose memory the
+    /// program may still hold (`keep`: the heap, adopted ranges) stays
+    /// mapped, read-write, holding this process's copy: the view aliases
+    /// this process's own window pages, which the mapping keeps alive after
+    /// the window is gone. Any other segment becomes an inaccessible
+    /// reservation again.
     pub fn retire(&self) {
-        if self.adopted {
-            // SAFETY: a fresh private mapping of our own, filled from the
-            // system view (a live window part of `size` bytes), then moved
-            // over our application view at `base`, which only the DSM maps.
-            unsafe {
-                let tmp = libc::mmap(
-                    core::ptr::null_mut(),
-                    self.size,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                );
-                if tmp != libc::MAP_FAILED {
-                    core::ptr::copy_nonoverlapping(self.data, tmp.cast::<u8>(), self.size);
-                    let p = libc::mremap(
-                        tmp,
-                        self.size,
-                        self.size,
-                        libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
-                        self.base as *mut libc::c_void,
-                    );
-                    if p != libc::MAP_FAILED {
-                        return;
-                    }
-                    libc::munmap(tmp, self.size);
-                }
-                // Out of memory: the range at least stays readable.
-                libc::mprotect(self.base as *mut libc::c_void, self.size, libc::PROT_READ);
-            }
+        if self.keep {
+            // If this fails the range stays as the protocol left it.
+            let _ = layout::protect(self.base, self.size, libc::PROT_READ | libc::PROT_WRITE);
             return;
         }
         // SAFETY: replaces our own application view with an inaccessible

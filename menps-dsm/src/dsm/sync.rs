@@ -39,6 +39,11 @@ pub(crate) struct SyncState<U: UltItf> {
     mutex_win: WindowId,
     /// The mutex id bitmap (at rank 0).
     alloc_win: WindowId,
+    /// The keys of keyed mutexes (at rank 0): one word per keyed mutex,
+    /// `key + 1` once claimed, 0 while free.
+    key_win: WindowId,
+    /// Keys this process has looked up already.
+    keys: std::sync::Mutex<std::collections::HashMap<u64, u32>>,
     /// Bytes of one serialized signature at most.
     sig_bytes: usize,
     /// Bytes of a mutex slot (word + signature).
@@ -55,14 +60,18 @@ impl<U: UltItf> SyncState<U> {
     pub fn new<C: Communicator>(com: &C, wn_cap: usize, max_mutexes: usize) -> DsmResult<Self> {
         let sig_bytes = Signature::max_bytes(wn_cap).next_multiple_of(8);
         let mutex_slot = 8 + sig_bytes;
-        let total = max_mutexes + ATOMIC_SLOTS;
+        // Allocated mutexes, the atomics' sync slots, keyed mutexes.
+        let total = 2 * max_mutexes + ATOMIC_SLOTS;
         let sig_win = com.create_window(2 * sig_bytes)?;
         let mutex_win = com.create_window(total * mutex_slot)?;
         let alloc_win = com.create_window(max_mutexes.div_ceil(64) * 8)?;
+        let key_win = com.create_window(max_mutexes * 8)?;
         Ok(SyncState {
             sig_win,
             mutex_win,
             alloc_win,
+            key_win,
+            keys: std::sync::Mutex::new(std::collections::HashMap::new()),
             sig_bytes,
             mutex_slot,
             max_mutexes,
@@ -120,7 +129,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// DSM barrier: release fence, exchange of signatures, acquire.
     pub fn barrier(&self) -> DsmResult<()> {
-        self.check()?;
+        let _rt = self.enter()?;
         let r = self.barrier_inner();
         r.map_err(|e| self.fail(e))
     }
@@ -157,7 +166,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// Allocates a mutex id (not collective).
     pub fn mutex_alloc(&self) -> DsmResult<u32> {
-        self.check()?;
+        let _rt = self.enter()?;
         let s = self.sync();
         for w in 0..s.max_mutexes.div_ceil(64) {
             let word = s.alloc_win.at(0, (w * 8) as u64);
@@ -183,9 +192,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// Frees a mutex id; it must not be locked.
     pub fn mutex_free(&self, id: u32) -> DsmResult<()> {
-        self.check()?;
+        let _rt = self.enter()?;
         let s = self.sync();
         let id = self.check_mutex(id)?;
+        if id >= s.max_mutexes {
+            return Err(DsmError::Misuse(format!(
+                "DSM mutex {id} is keyed: keyed mutexes live as long as the DSM"
+            )));
+        }
         if s.local[id].is_locked() {
             return Err(DsmError::Misuse(format!(
                 "DSM mutex {id} freed while locked"
@@ -206,20 +220,68 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
     }
 
+    /// First id of the keyed mutexes.
+    fn keyed_base(&self) -> usize {
+        self.sync().max_mutexes + ATOMIC_SLOTS
+    }
+
     fn check_mutex(&self, id: u32) -> DsmResult<usize> {
         let id = id as usize;
-        if id >= self.sync().max_mutexes {
+        let max = self.sync().max_mutexes;
+        if id >= max && !(self.keyed_base()..self.keyed_base() + max).contains(&id) {
             return Err(DsmError::InvalidArgument(format!(
-                "DSM mutex id {id} is out of range (0..{})",
-                self.sync().max_mutexes
+                "DSM mutex id {id} is neither an allocated mutex (0..{max}) nor a keyed one"
             )));
         }
         Ok(id)
     }
 
+    /// The mutex of `key` — the same mutex in every process that asks for
+    /// the same key, with no exchange beforehand (a key is an address, a
+    /// hashed name …). Keyed mutexes live as long as the DSM; the first
+    /// lookup of a key in a process claims or finds it in a table at
+    /// process 0 (open addressing, one remote compare-and-swap per probe),
+    /// later lookups are local.
+    pub fn mutex_for_key(&self, key: u64) -> DsmResult<u32> {
+        let _rt = self.enter()?;
+        let s = self.sync();
+        if let Some(&id) = s.keys.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(id);
+        }
+        let stored = key
+            .checked_add(1)
+            .ok_or_else(|| DsmError::InvalidArgument("the key u64::MAX is reserved".into()))?;
+        let n = s.max_mutexes;
+        // A 64-bit mix, so that neighbouring addresses spread out.
+        let h = (key ^ (key >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let start = ((h ^ (h >> 32)) % n as u64) as usize;
+        for i in 0..n {
+            let k = (start + i) % n;
+            let word = s.key_win.at(0, (k * 8) as u64);
+            let mut v = self.com.atomic_load(word)?;
+            if v == 0 {
+                v = self.com.compare_and_swap(word, 0, stored)?;
+                if v == 0 {
+                    v = stored;
+                }
+            }
+            if v == stored {
+                let id = (self.keyed_base() + k) as u32;
+                s.keys
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key, id);
+                return Ok(id);
+            }
+        }
+        Err(DsmError::OutOfMemory(format!(
+            "all {n} keyed DSM mutexes are in use (raise MENPS_DSM_MUTEXES)"
+        )))
+    }
+
     /// Locks mutex `id`: acquires the signature of its last holder.
     pub fn mutex_lock(&self, id: u32) -> DsmResult<()> {
-        self.check()?;
+        let _rt = self.enter()?;
         let id = self.check_mutex(id)?;
         self.lock_slot(id)
     }
@@ -227,7 +289,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Unlocks mutex `id`: release fence, then the signature goes with the
     /// lock.
     pub fn mutex_unlock(&self, id: u32) -> DsmResult<()> {
-        self.check()?;
+        let _rt = self.enter()?;
         let id = self.check_mutex(id)?;
         if !self.sync().local[id].is_locked() {
             return Err(DsmError::Misuse(format!(
@@ -294,7 +356,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// Applies `op` to the DSM word at `addr` with the given semantics.
     pub fn atomic(&self, addr: usize, op: AtomicOp, release: bool) -> DsmResult<u64> {
-        self.check()?;
+        let _rt = self.enter()?;
         if !addr.is_multiple_of(8) {
             return Err(DsmError::InvalidArgument(format!(
                 "DSM atomic at {addr:#x} is not 8-byte aligned"

@@ -1,11 +1,14 @@
 //! Typed helpers over the DSM heap: [`DsmBox<T>`], one value in the heap,
 //! and [`DsmVec<T>`], an array that every process creates together.
 //!
-//! Both hold plain data only: `T: Copy + 'static` (no drop glue runs on DSM
-//! memory, and a value may be read by any process). A value must make sense
-//! in every process that reads it: plain data, DSM addresses and addresses
-//! of statics are the same everywhere (one binary, no address
-//! randomisation), pointers to a process's own heap or stack are not.
+//! A value must make sense in every process that reads it: plain data, DSM
+//! addresses and addresses of statics are the same everywhere (one binary,
+//! no address randomisation), pointers to a process's own heap or stack are
+//! not. Values that own memory (`String`, `Vec`, `Box` …) are fine when that
+//! memory is DSM memory too: with [`DsmAllocator`](super::DsmAllocator) as
+//! the global allocator, values built in DSM context own DSM heap memory.
+//! Dropping a box or a vector drops its values (their destructors run in
+//! the process that drops them).
 //!
 //! Accesses follow the DSM's rules (release consistency): what one process
 //! writes, another reads after synchronising with it (a barrier, a DSM
@@ -36,7 +39,7 @@ use super::error::{DsmError, DsmResult};
 /// [`DsmBox::free`]; a drop panics on a pointer the heap rejects (a
 /// double free through two boxes) and ignores other errors (a failed DSM
 /// reports its failure at every later operation).
-pub struct DsmBox<'d, T: Copy + 'static, C: Communicator + 'static, U: UltItf = OsThreads> {
+pub struct DsmBox<'d, T: 'static, C: Communicator + 'static, U: UltItf = OsThreads> {
     ptr: NonNull<T>,
     dsm: &'d Dsm<C, U>,
     _own: PhantomData<T>,
@@ -45,22 +48,18 @@ pub struct DsmBox<'d, T: Copy + 'static, C: Communicator + 'static, U: UltItf = 
 // SAFETY: the box owns its value like a `Box<T>` does (nobody else accesses
 // it while the box lives, per `new` / `from_raw`), and `&Dsm` may be sent
 // between threads when `Dsm` is `Sync`.
-unsafe impl<T: Copy + Send + 'static, C: Communicator + 'static, U: UltItf> Send
-    for DsmBox<'_, T, C, U>
-where
-    Dsm<C, U>: Sync,
+unsafe impl<T: Send + 'static, C: Communicator + 'static, U: UltItf> Send for DsmBox<'_, T, C, U> where
+    Dsm<C, U>: Sync
 {
 }
 
 // SAFETY: `&DsmBox` only gives `&T` (shared reads) and `&Dsm`.
-unsafe impl<T: Copy + Sync + 'static, C: Communicator + 'static, U: UltItf> Sync
-    for DsmBox<'_, T, C, U>
-where
-    Dsm<C, U>: Sync,
+unsafe impl<T: Sync + 'static, C: Communicator + 'static, U: UltItf> Sync for DsmBox<'_, T, C, U> where
+    Dsm<C, U>: Sync
 {
 }
 
-impl<'d, T: Copy + 'static, C: Communicator + 'static, U: UltItf> DsmBox<'d, T, C, U> {
+impl<'d, T: 'static, C: Communicator + 'static, U: UltItf> DsmBox<'d, T, C, U> {
     /// Allocates room for a `T` in the DSM heap and moves `value` there.
     pub fn new(dsm: &'d Dsm<C, U>, value: T) -> DsmResult<Self> {
         let p = dsm
@@ -110,15 +109,27 @@ impl<'d, T: Copy + 'static, C: Communicator + 'static, U: UltItf> DsmBox<'d, T, 
         }
     }
 
-    /// Frees the object, reporting errors.
+    /// Drops the value and frees the object, reporting errors.
     pub fn free(self) -> DsmResult<()> {
         let dsm = self.dsm;
         let p = self.into_raw();
+        // SAFETY: the box owned the live value; it is never used again.
+        unsafe { core::ptr::drop_in_place(p) };
         dsm.free(p.cast())
+    }
+
+    /// Moves the value out and frees the object.
+    pub fn into_inner(self) -> DsmResult<T> {
+        let dsm = self.dsm;
+        let p = self.into_raw();
+        // SAFETY: the box owned the live value; it is moved out once.
+        let v = unsafe { p.read() };
+        dsm.free(p.cast())?;
+        Ok(v)
     }
 }
 
-impl<T: Copy + 'static, C: Communicator + 'static, U: UltItf> Deref for DsmBox<'_, T, C, U> {
+impl<T: 'static, C: Communicator + 'static, U: UltItf> Deref for DsmBox<'_, T, C, U> {
     type Target = T;
 
     fn deref(&self) -> &T {
@@ -129,7 +140,7 @@ impl<T: Copy + 'static, C: Communicator + 'static, U: UltItf> Deref for DsmBox<'
     }
 }
 
-impl<T: Copy + 'static, C: Communicator + 'static, U: UltItf> DerefMut for DsmBox<'_, T, C, U> {
+impl<T: 'static, C: Communicator + 'static, U: UltItf> DerefMut for DsmBox<'_, T, C, U> {
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: as in `deref`, and `&mut self` makes the access unique in
         // this process.
@@ -137,8 +148,11 @@ impl<T: Copy + 'static, C: Communicator + 'static, U: UltItf> DerefMut for DsmBo
     }
 }
 
-impl<T: Copy + 'static, C: Communicator + 'static, U: UltItf> Drop for DsmBox<'_, T, C, U> {
+impl<T: 'static, C: Communicator + 'static, U: UltItf> Drop for DsmBox<'_, T, C, U> {
     fn drop(&mut self) {
+        // SAFETY: the box owns the live value (see `deref`); it is never
+        // used again.
+        unsafe { core::ptr::drop_in_place(self.ptr.as_ptr()) };
         match self.dsm.free(self.ptr.as_ptr().cast()) {
             Err(e @ DsmError::InvalidArgument(_)) if !std::thread::panicking() => {
                 panic!("dropping a DsmBox: {e}")
@@ -148,7 +162,7 @@ impl<T: Copy + 'static, C: Communicator + 'static, U: UltItf> Drop for DsmBox<'_
     }
 }
 
-impl<T: Copy + core::fmt::Debug + 'static, C: Communicator + 'static, U: UltItf> core::fmt::Debug
+impl<T: core::fmt::Debug + 'static, C: Communicator + 'static, U: UltItf> core::fmt::Debug
     for DsmBox<'_, T, C, U>
 {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
@@ -169,7 +183,7 @@ impl<T: Copy + core::fmt::Debug + 'static, C: Communicator + 'static, U: UltItf>
 /// Free it with [`DsmVec::free_collective`]; a `DsmVec` that is just
 /// dropped leaks its memory (which is safe: other processes may still use
 /// it).
-pub struct DsmVec<'d, T: Copy + 'static, C: Communicator + 'static, U: UltItf = OsThreads> {
+pub struct DsmVec<'d, T: 'static, C: Communicator + 'static, U: UltItf = OsThreads> {
     ptr: NonNull<T>,
     len: usize,
     dsm: &'d Dsm<C, U>,
@@ -179,37 +193,36 @@ pub struct DsmVec<'d, T: Copy + 'static, C: Communicator + 'static, U: UltItf = 
 // SAFETY: the handle is an address and a length; element accesses are
 // `unsafe` with the DSM's synchronisation rule, and `&Dsm` may be shared
 // between threads when `Dsm` is `Sync`.
-unsafe impl<T: Copy + Send + 'static, C: Communicator + 'static, U: UltItf> Send
-    for DsmVec<'_, T, C, U>
-where
-    Dsm<C, U>: Sync,
+unsafe impl<T: Send + 'static, C: Communicator + 'static, U: UltItf> Send for DsmVec<'_, T, C, U> where
+    Dsm<C, U>: Sync
 {
 }
 
 // SAFETY: as for `Send`; `&DsmVec` shares elements only through the unsafe
 // accessors.
-unsafe impl<T: Copy + Sync + 'static, C: Communicator + 'static, U: UltItf> Sync
-    for DsmVec<'_, T, C, U>
-where
-    Dsm<C, U>: Sync,
+unsafe impl<T: Sync + 'static, C: Communicator + 'static, U: UltItf> Sync for DsmVec<'_, T, C, U> where
+    Dsm<C, U>: Sync
 {
 }
 
-impl<'d, T: Copy + 'static, C: Communicator + 'static, U: UltItf> DsmVec<'d, T, C, U> {
+impl<'d, T: 'static, C: Communicator + 'static, U: UltItf> DsmVec<'d, T, C, U> {
     /// Collectively creates an array of `len` default values (every process
     /// calls it with the same `len`).
     pub fn new_collective(dsm: &'d Dsm<C, U>, len: usize) -> DsmResult<Self>
     where
-        T: Default,
+        T: Default + Clone,
     {
         Self::new_collective_with(dsm, len, T::default())
     }
 
-    /// Collectively creates an array of `len` copies of `value`: process 0
+    /// Collectively creates an array of `len` clones of `value`: process 0
     /// allocates and fills it and broadcasts its address; a DSM barrier
     /// makes the contents visible. Every process passes the same `len` (a
     /// mismatch is an error everywhere); `value` is process 0's.
-    pub fn new_collective_with(dsm: &'d Dsm<C, U>, len: usize, value: T) -> DsmResult<Self> {
+    pub fn new_collective_with(dsm: &'d Dsm<C, U>, len: usize, value: T) -> DsmResult<Self>
+    where
+        T: Clone,
+    {
         let lens = dsm.com().allgather(&(len as u64).to_le_bytes())?;
         if lens
             .chunks_exact(8)
@@ -232,7 +245,7 @@ impl<'d, T: Copy + 'static, C: Communicator + 'static, U: UltItf> DsmVec<'d, T, 
                         // SAFETY: `i < len` elements fit in the fresh object
                         // (aligned for `T`), which no other process knows
                         // about before the broadcast.
-                        unsafe { p.add(i).write(value) };
+                        unsafe { p.add(i).write(value.clone()) };
                     }
                     addr = (p as u64).to_le_bytes();
                 }
@@ -306,7 +319,10 @@ impl<'d, T: Copy + 'static, C: Communicator + 'static, U: UltItf> DsmVec<'d, T, 
     ///
     /// # Panics
     /// If `i >= len`.
-    pub unsafe fn read(&self, i: usize) -> T {
+    pub unsafe fn read(&self, i: usize) -> T
+    where
+        T: Copy,
+    {
         assert!(
             i < self.len,
             "DsmVec index {i} out of range 0..{}",
@@ -316,7 +332,7 @@ impl<'d, T: Copy + 'static, C: Communicator + 'static, U: UltItf> DsmVec<'d, T, 
         unsafe { self.ptr.as_ptr().add(i).read() }
     }
 
-    /// Writes element `i`.
+    /// Writes element `i` (the old value is dropped).
     ///
     /// # Safety
     /// No other thread of any process may access element `i` concurrently;
@@ -330,24 +346,31 @@ impl<'d, T: Copy + 'static, C: Communicator + 'static, U: UltItf> DsmVec<'d, T, 
             "DsmVec index {i} out of range 0..{}",
             self.len
         );
-        // SAFETY: in bounds; the caller excludes conflicting accesses.
-        unsafe { self.ptr.as_ptr().add(i).write(value) }
+        // SAFETY: in bounds, initialised; the caller excludes conflicting
+        // accesses.
+        unsafe { *self.ptr.as_ptr().add(i) = value }
     }
 
     /// Collectively frees the array: a DSM barrier (everybody is done with
-    /// it), then process 0 frees it.
+    /// it), then process 0 drops the elements and frees it.
     pub fn free_collective(self) -> DsmResult<()> {
         self.dsm.barrier()?;
         if self.dsm.rank() == 0 {
+            // SAFETY: `len` initialised elements nobody uses any more (the
+            // barrier above); they are dropped once, here.
+            unsafe {
+                core::ptr::drop_in_place(core::ptr::slice_from_raw_parts_mut(
+                    self.ptr.as_ptr(),
+                    self.len,
+                ))
+            };
             self.dsm.free(self.ptr.as_ptr().cast())?;
         }
         Ok(())
     }
 }
 
-impl<T: Copy + 'static, C: Communicator + 'static, U: UltItf> core::fmt::Debug
-    for DsmVec<'_, T, C, U>
-{
+impl<T: 'static, C: Communicator + 'static, U: UltItf> core::fmt::Debug for DsmVec<'_, T, C, U> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("DsmVec")
             .field("ptr", &self.ptr)

@@ -4,17 +4,13 @@ use ct_worker::UltItf;
 
 use crate::com::Communicator;
 use crate::dsm::Dsm;
-use crate::dsm::error::{DsmError, DsmResult};
+use crate::dsm::error::DsmResult;
 
 use super::{Heap, HeapStats, HeapUsage};
 
 impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     fn heap(&self) -> DsmResult<&Heap<U>> {
-        self.mem.heap.as_ref().ok_or_else(|| {
-            DsmError::OutOfMemory(
-                "the DSM has no heap (heap_size is 0; set MENPS_DSM_HEAP_SIZE)".into(),
-            )
-        })
+        self.mem.heap()
     }
 
     /// Allocates `size` bytes aligned to `align` (a power of two, at most
@@ -47,7 +43,7 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// Frees the heap object at `ptr` (allocated by any process; see the
     /// [rules](crate::dsm::heap#rules)): this process's writes to it are released
     /// first, then its memory becomes reusable. A pointer that is not the
-    /// start of a live heap object gives [`DsmError::InvalidArgument`].
+    /// start of a live heap object gives [`DsmError::InvalidArgument`](crate::dsm::DsmError::InvalidArgument).
     pub fn free(&self, ptr: *mut u8) -> DsmResult<()> {
         let h = self.heap()?;
         h.free(self.space, ptr as usize)
@@ -66,7 +62,7 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// of chunks takes back the empty chunks of all.
     pub fn heap_trim(&self) -> DsmResult<usize> {
         let h = self.heap()?;
-        self.space.check()?;
+        let _rt = self.space.enter()?;
         let mut local = h.local.lock();
         h.trim_locked(&self.space.com, &mut local, false)
     }

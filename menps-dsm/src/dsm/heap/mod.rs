@@ -166,8 +166,8 @@ pub(crate) struct Heap<U: UltItf> {
 }
 
 /// Where an allocation came from.
-struct Got {
-    addr: usize,
+pub(crate) struct Got {
+    pub(crate) addr: usize,
     /// Usable size.
     size: usize,
     /// Never used since the DSM started (still zero).
@@ -226,6 +226,11 @@ impl<U: UltItf> Heap<U> {
         })
     }
 
+    /// The heap's first address and size.
+    pub(crate) fn range(&self) -> (usize, usize) {
+        (self.base, self.size)
+    }
+
     fn chunk_addr(&self, idx: usize) -> usize {
         self.base + (idx << self.chunk_shift)
     }
@@ -247,13 +252,13 @@ impl<U: UltItf> Heap<U> {
     // -----------------------------------------------------------------
     // The operations.
 
-    fn alloc<C: Communicator + 'static>(
+    pub(crate) fn alloc<C: Communicator + 'static>(
         &self,
         space: &Space<C, U>,
         size: usize,
         align: usize,
     ) -> DsmResult<Got> {
-        space.check()?;
+        let _rt = space.enter()?;
         if !align.is_power_of_two() || align > self.chunk {
             return Err(DsmError::InvalidArgument(format!(
                 "DSM heap alignment {align} is not a power of two of at most {} bytes",
@@ -275,7 +280,7 @@ impl<U: UltItf> Heap<U> {
 
     /// What `addr` is: (chunk index, entry, usable size) of the live object
     /// starting there.
-    fn lookup<C: Communicator + 'static>(
+    pub(crate) fn lookup<C: Communicator + 'static>(
         &self,
         com: &C,
         addr: usize,
@@ -334,8 +339,12 @@ impl<U: UltItf> Heap<U> {
         Ok((idx, e, size))
     }
 
-    fn free<C: Communicator + 'static>(&self, space: &Space<C, U>, addr: usize) -> DsmResult<()> {
-        space.check()?;
+    pub(crate) fn free<C: Communicator + 'static>(
+        &self,
+        space: &Space<C, U>,
+        addr: usize,
+    ) -> DsmResult<()> {
+        let _rt = space.enter()?;
         let com = &space.com;
         let (idx, e, size) = self.lookup(com, addr)?;
         // Publish our writes to the object before anybody can reuse it.

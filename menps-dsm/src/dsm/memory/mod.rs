@@ -92,6 +92,17 @@ impl<U: UltItf> Default for MemState<U> {
     }
 }
 
+impl<U: UltItf> MemState<U> {
+    /// The heap, or the error that there is none.
+    pub(crate) fn heap(&self) -> DsmResult<&Heap<U>> {
+        self.heap.as_ref().ok_or_else(|| {
+            DsmError::OutOfMemory(
+                "the DSM has no heap (heap_size is 0; set MENPS_DSM_HEAP_SIZE)".into(),
+            )
+        })
+    }
+}
+
 impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// Sets up the heap, the globals and the stacks (collective; called once
     /// by [`Dsm::with_config`]).

@@ -43,7 +43,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Acquire fence with a signature: drops every copy a write notice or
     /// the minimum write timestamp makes stale.
     pub fn acquire(&self, sig: &mut Signature) -> DsmResult<()> {
-        self.check()?;
+        let _rt = self.enter()?;
         let r = self.acquire_inner(sig);
         self.guard(r)
     }

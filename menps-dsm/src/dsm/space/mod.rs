@@ -15,11 +15,12 @@ use ct_worker::UltItf;
 
 use crate::com::{Communicator, Tag, WindowId};
 
+use super::allocator::RuntimeGuard;
 use super::config::{DsmConfig, InvalidationPolicy, WriterPolicy};
 use super::diff;
 use super::error::{DsmError, DsmResult, RaceReport};
 use super::layout::{self, MAX_SEGMENTS};
-use super::memory::map::{self, AddressMap, Region, Request};
+use super::memory::map::{self, AddressMap, Region, RegionKind, Request};
 use super::qlock::LockSite;
 use super::segment::{BlockMeta, BlockState, Segment};
 use super::signature::Signature;
@@ -251,6 +252,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         Ok(())
     }
 
+    /// [`Space::check`], then marks runtime code on this thread until the
+    /// guard drops: the global allocator serves runtime code from the
+    /// system allocator, even on a DSM stack.
+    #[inline]
+    pub fn enter(&self) -> DsmResult<RuntimeGuard> {
+        self.check()?;
+        Ok(RuntimeGuard::enter())
+    }
+
     /// Records `e` as the DSM's failure (the first one wins) and returns it.
     pub fn fail(&self, e: DsmError) -> DsmError {
         let mut f = self.failure.lock().unwrap_or_else(|e| e.into_inner());
@@ -274,7 +284,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// the call in all of them, before any window exists); `init` gives its
     /// initial contents.
     pub fn create_region(&self, req: DsmResult<Request>, init: Init<'_>) -> DsmResult<Region> {
-        self.check()?;
+        let _rt = self.enter()?;
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         let placed = req.and_then(|r| map.place(r));
         // Agreement: (ok, fingerprint) from everybody.
@@ -315,6 +325,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 }
             },
         )?;
+        let mut seg = seg;
+        seg.keep = matches!(region.kind, RegionKind::Heap | RegionKind::Adopted);
         self.segs[region.id].store(Box::into_raw(Box::new(seg)), Ordering::Release);
         map.commit(region)?;
         Ok(region)
@@ -415,7 +427,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// Resolves an access to `addr`.
     pub fn resolve(&self, addr: usize, write: bool) -> DsmResult<()> {
-        self.check()?;
+        let _rt = self.enter()?;
         let (seg, idx) = self.locate(addr).ok_or_else(|| {
             DsmError::InvalidArgument(format!("{addr:#x} is not in a DSM segment"))
         })?;
@@ -565,7 +577,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Pins the blocks of `[addr, addr + len)`: read-write and never
     /// protected until unpinned.
     pub fn pin(&self, addr: usize, len: usize) -> DsmResult<()> {
-        self.check()?;
+        let _rt = self.enter()?;
         self.for_blocks(addr, len, |seg, idx| {
             let mut m = seg.entry(idx).lock();
             self.write_upgrade(seg, idx, &mut m)?;
@@ -577,7 +589,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Unpins the blocks of `[addr, addr + len)`: they become writable
     /// blocks that the next release fence releases.
     pub fn unpin(&self, addr: usize, len: usize) -> DsmResult<()> {
-        self.check()?;
+        let _rt = self.enter()?;
         self.for_blocks(addr, len, |seg, idx| {
             let mut m = seg.entry(idx).lock();
             if m.state == BlockState::Pinned {
@@ -618,7 +630,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Applies `op` to the aligned word at `addr` inside a transaction on
     /// its block; returns the old value.
     pub fn atomic_in_block(&self, addr: usize, op: AtomicOp) -> DsmResult<u64> {
-        self.check()?;
+        let _rt = self.enter()?;
         if !addr.is_multiple_of(8) {
             return Err(DsmError::InvalidArgument(format!(
                 "DSM atomic at {addr:#x} is not 8-byte aligned"

@@ -31,7 +31,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Release fence: every block with local changes is merged (or fast
     /// released) and its write notice added to the release signature.
     pub fn release_fence(&self) -> DsmResult<()> {
-        self.check()?;
+        let _rt = self.enter()?;
         let _serial = self.release_lock.lock();
         // Local stores are visible before lock words are read (fast release).
         fence(Ordering::SeqCst);
@@ -113,7 +113,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Releases only the blocks overlapping `[addr, addr + len)` (used when
     /// memory changes hands, e.g. by `free`).
     pub fn release_range(&self, addr: usize, len: usize) -> DsmResult<()> {
-        self.check()?;
+        let _rt = self.enter()?;
         self.for_blocks(addr, len, |seg, idx| self.release_block(seg, idx).map(drop))
     }
 
@@ -121,7 +121,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// len)` so their next access fetches the latest version (used when
     /// memory changes hands, e.g. by `malloc`).
     pub fn forget_range(&self, addr: usize, len: usize) -> DsmResult<()> {
-        self.check()?;
+        let _rt = self.enter()?;
         self.for_blocks(addr, len, |seg, idx| {
             if !self.is_fixed_home(seg, idx) {
                 let mut m = seg.entry(idx).lock();

@@ -1,0 +1,78 @@
+//! The team barrier: many threads per process, one DSM barrier per process
+//! per episode.
+
+use ct_sync::Barrier;
+use ct_worker::UltItf;
+
+use crate::com::Communicator;
+use crate::dsm::Dsm;
+use crate::dsm::error::DsmResult;
+
+/// A barrier for a team of threads spread over every process of the DSM,
+/// `threads_here` of them in this process (the count may differ between
+/// processes).
+///
+/// An episode is the threads of this process meeting at an in-process
+/// barrier of their threading library `T`, one of them (the leader) running
+/// one [`Dsm::barrier`] for the whole process, and the threads meeting
+/// again. So every write any team thread made before the barrier is
+/// visible to every team thread after it, and the DSM barriers of all
+/// processes match one for one (MEOMP's scheme). With one thread per
+/// process the in-process barriers are skipped.
+///
+/// `U` is the DSM's threading library, `T` the team threads' (user-level
+/// threads of a runtime, or OS threads).
+pub struct TeamBarrier<'d, C: Communicator + 'static, U: UltItf, T: UltItf = U> {
+    dsm: &'d Dsm<C, U>,
+    local: Barrier<T>,
+    threads_here: usize,
+}
+
+impl<'d, C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'d, C, U, T> {
+    /// A team barrier for `threads_here` threads of this process.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `threads_here` is 0.
+    pub fn new(dsm: &'d Dsm<C, U>, threads_here: usize) -> Self {
+        TeamBarrier {
+            dsm,
+            local: Barrier::new_in(threads_here),
+            threads_here,
+        }
+    }
+
+    /// Threads of this process in the team.
+    pub fn threads_here(&self) -> usize {
+        self.threads_here
+    }
+
+    /// Waits until every thread of the team, in every process, has arrived.
+    /// Returns `Ok(true)` in exactly one thread per process (the one that
+    /// ran the DSM barrier).
+    ///
+    /// An error of the DSM barrier (a dead peer …) is returned by every
+    /// thread of the process: the DSM is fail-stop, so the threads that did
+    /// not run it find the recorded failure.
+    pub fn wait(&self) -> DsmResult<bool> {
+        if self.threads_here == 1 {
+            return self.dsm.barrier().map(|()| true);
+        }
+        let leader = self.local.wait().is_leader();
+        let r = if leader { self.dsm.barrier() } else { Ok(()) };
+        self.local.wait();
+        r?;
+        self.dsm.check()?;
+        Ok(leader)
+    }
+}
+
+impl<C: Communicator + 'static, U: UltItf, T: UltItf> core::fmt::Debug
+    for TeamBarrier<'_, C, U, T>
+{
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("TeamBarrier")
+            .field("threads_here", &self.threads_here)
+            .finish()
+    }
+}
