@@ -38,6 +38,10 @@
 //!   `stack overflow in user-level thread`), [`RawStack`] (caller memory, e.g. a
 //!   DSM segment) and [`StackPool`].
 //! - [`Coroutine`]: a safe coroutine for users who never want `unsafe`.
+//! - [`trap`]: the process's `SIGSEGV` handler — stack-overflow reports, fault
+//!   hooks for higher layers, and (x86-64 Linux) resolving a fault by running
+//!   code on the faulting thread's own stack before resuming it exactly
+//!   (`trap::run_on_interrupted_stack`).
 //!
 //! # Example: a generator with the safe layer
 //!

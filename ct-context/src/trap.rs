@@ -24,11 +24,58 @@
 //! The handler runs on the thread's alternate signal stack. Rust's runtime gives
 //! the main thread and every `std::thread` one; threads created by other means
 //! call [`ensure_alt_stack`] before running contexts on guarded stacks.
+//!
+//! # Resolving a fault on the faulting stack
+//!
+//! A hook runs on the per-OS-thread alternate stack, so it may only do
+//! async-signal-safe work there. A hook that needs ordinary code to resolve a
+//! fault — locks, communication, suspending the faulting user-level thread,
+//! which may then resume on another OS thread — calls
+//! [`run_on_interrupted_stack`] (x86-64 Linux): it relocates the kernel's
+//! signal frame onto the faulting thread's own stack, runs a closure there and
+//! resumes the faulting code exactly through `rt_sigreturn`, so the faulting
+//! instruction runs again. [`fault_is_write`] tells a write fault from a read.
+//!
+//! ```no_run
+//! # #[cfg(all(target_arch = "x86_64", target_os = "linux"))] {
+//! use ct_context::trap;
+//! use core::sync::atomic::{AtomicUsize, Ordering};
+//!
+//! /// A page that is made accessible on first touch.
+//! static LAZY_PAGE: AtomicUsize = AtomicUsize::new(0);
+//!
+//! unsafe fn hook(_sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) -> bool {
+//!     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+//!     let addr = unsafe { (*info).si_addr() } as usize;
+//!     let page = LAZY_PAGE.load(Ordering::Acquire);
+//!     if page == 0 || !(page..page + 4096).contains(&addr) {
+//!         return false;
+//!     }
+//!     let resolve = move || {
+//!         // Ordinary code: runs on the faulting stack, may block.
+//!         // SAFETY: the page is ours.
+//!         unsafe { libc::mprotect(page as *mut libc::c_void, 4096, libc::PROT_READ | libc::PROT_WRITE) };
+//!     };
+//!     // Returns only if the fault happened on the alternate stack itself (in
+//!     // a signal handler): then leave it to the next classifier.
+//!     // SAFETY: `uctx` is this handler's; the faulting stack has room;
+//!     // nothing here needs dropping.
+//!     let trap::InterruptedOnAltStack = unsafe { trap::run_on_interrupted_stack(uctx, resolve) };
+//!     false
+//! }
+//! // SAFETY: the hook only claims faults it made valid.
+//! unsafe { trap::add_fault_hook(hook) }.unwrap();
+//! # }
+//! ```
 
 use core::cell::UnsafeCell;
 use core::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Once;
 
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub use crate::arch::x86_64_sigframe::{
+    InterruptedOnAltStack, fault_is_write, run_on_interrupted_stack,
+};
 use crate::stack::page_size;
 
 /// Number of guard areas that can be registered at once.
@@ -68,7 +115,8 @@ pub struct GuardSlot(usize);
 /// is then retried), `false` to let the next classifier look at it.
 ///
 /// A hook runs in a signal handler on the alternate signal stack: it must only
-/// do async-signal-safe work, or switch to another stack first.
+/// do async-signal-safe work, or switch to another stack first (see
+/// [`run_on_interrupted_stack`]).
 pub type FaultHook =
     unsafe fn(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c_void) -> bool;
 

@@ -7,20 +7,18 @@
 //! claims faults inside a live DSM segment. Resolving a miss is ordinary
 //! runtime code: it takes locks, communicates and may park the faulting
 //! user-level thread, which may then resume on another OS thread. None of
-//! that is possible on the per-OS-thread alternate stack, so the hook
-//! (design: `architecture.md`, "One SIGSEGV handler, two needs"):
+//! that is possible on the per-OS-thread alternate stack, so the hook hands
+//! the resolution to [`ct_context::trap::run_on_interrupted_stack`] (design:
+//! `architecture.md`, "One SIGSEGV handler, two needs"), which
 //!
-//! 1. copies the kernel's signal frame — the kernel part of the `ucontext`
-//!    and the extended FPU state it points to (its size is in the FPU area's
-//!    software-reserved bytes) — onto the faulting thread's stack, below its
-//!    128-byte red zone, and points the copy's FPU pointer at the copied
-//!    area (64-byte aligned);
+//! 1. copies the kernel's signal frame onto the faulting thread's stack,
+//!    below its red zone;
 //! 2. switches to that stack and calls the resolver there;
 //! 3. when the resolver returns, writes the *current* OS thread's signal
 //!    mask and alternate-stack settings into the copied frame (the thread
-//!    may have migrated) and issues `rt_sigreturn` with the stack pointer at
-//!    the copy, which restores every register, the flags, the FPU state and
-//!    the exact stack pointer, so the faulting instruction runs again.
+//!    may have migrated) and issues `rt_sigreturn`, which restores every
+//!    register, the flags, the FPU state and the exact stack pointer, so the
+//!    faulting instruction runs again.
 //!
 //! The handler is installed with `SA_NODEFER` (by ct-context), so faults of
 //! other threads resolved meanwhile on the same OS thread are handled too.
@@ -117,26 +115,6 @@ pub fn is_enabled_on_this_thread() -> bool {
     DISABLED.with(|d| d.get() == 0)
 }
 
-/// Bytes of the kernel's `struct ucontext` that `rt_sigreturn` reads:
-/// everything up to and including the 8-byte kernel signal mask.
-const KERNEL_UC_BYTES: usize = core::mem::offset_of!(libc::ucontext_t, uc_sigmask) + 8;
-/// Magic of an extended (xsave) FPU frame, at offset 464 of the FPU area.
-const FP_XSTATE_MAGIC1: u32 = 0x4650_5853;
-/// Size of the legacy (fxsave) FPU area.
-const FXSAVE_BYTES: usize = 512;
-/// Bytes below the faulting stack pointer the compiled code may use.
-const RED_ZONE: usize = 128;
-
-/// What the resolver needs, placed on the faulting stack next to the
-/// copied frame.
-#[repr(C)]
-struct FaultCall {
-    addr: usize,
-    write: bool,
-    /// The copied `ucontext` (where `rt_sigreturn` starts).
-    uc: *mut libc::ucontext_t,
-}
-
 /// Writes `msg` to stderr (async-signal-safe).
 fn write_stderr(msg: &[u8]) {
     // SAFETY: write(2) on fd 2 with a valid buffer is async-signal-safe.
@@ -172,88 +150,29 @@ unsafe fn hook(_sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c
         );
         return false;
     }
-    let uc = uctx as *mut libc::ucontext_t;
-    // SAFETY: `uc` is the kernel's ucontext of this signal; gregs is an
-    // array of 23 registers.
-    let (fault_sp, err) = unsafe {
-        let g = &(*uc).uc_mcontext.gregs;
-        (
-            g[libc::REG_RSP as usize] as usize,
-            g[libc::REG_ERR as usize] as u64,
-        )
+    // SAFETY: `uctx` is the kernel's context of this SIGSEGV, whose handler
+    // is running.
+    let write = unsafe { ct_context::trap::fault_is_write(uctx) };
+    // Returns only if the faulting code runs on the alternate stack.
+    // SAFETY: `uctx` is this handler's, unchanged; the faulting stack has
+    // room for the copied frame and the resolver as long as it has room for
+    // a call made at the faulting access; the hook and the handler hold
+    // nothing that needs dropping; code run by the DSM's user-level threads
+    // is migration-safe.
+    let ct_context::trap::InterruptedOnAltStack = unsafe {
+        ct_context::trap::run_on_interrupted_stack(uctx, move || {
+            resolve_on_faulting_stack(addr, write)
+        })
     };
-    let write = err & 2 != 0;
-
-    // Where the copy goes: below the red zone of the faulting stack when
-    // this handler runs on the alternate stack; below this handler's own
-    // frame if the kernel delivered the signal on the faulting stack itself
-    // (a thread without an alternate stack).
-    let here = &addr as *const usize as usize;
-    // SAFETY: querying the alternate stack is async-signal-safe.
-    let ss = unsafe {
-        let mut ss: libc::stack_t = core::mem::zeroed();
-        libc::sigaltstack(core::ptr::null(), &mut ss);
-        ss
-    };
-    let on_alt = ss.ss_flags & libc::SS_ONSTACK != 0;
-    let alt = ss.ss_sp as usize..ss.ss_sp as usize + ss.ss_size;
-    if on_alt && alt.contains(&fault_sp) {
-        write_stderr(
-            b"menps-dsm: fatal: DSM access from a signal handler running on the alternate \
-              signal stack\n",
-        );
-        return false;
-    }
-    let top = if on_alt {
-        fault_sp - RED_ZONE
-    } else {
-        (fault_sp - RED_ZONE).min(here - 4096)
-    };
-    // SAFETY: `uc` and the FPU area it points to are the kernel's frame,
-    // readable; the destination lies below everything live on the faulting
-    // stack (red zone or this handler's frame), inside the stack's mapping
-    // as long as the stack has room (as for any function call).
-    unsafe {
-        let fp = (*uc).uc_mcontext.fpregs as *const u8;
-        let fp_bytes = if fp.is_null() {
-            0
-        } else {
-            let magic = core::ptr::read_unaligned(fp.add(464).cast::<u32>());
-            if magic == FP_XSTATE_MAGIC1 {
-                core::ptr::read_unaligned(fp.add(468).cast::<u32>()) as usize
-            } else {
-                FXSAVE_BYTES
-            }
-        };
-        let fp_dst = (top - fp_bytes) & !63;
-        let uc_dst = (fp_dst - core::mem::size_of::<libc::ucontext_t>()) & !15;
-        let call_dst = (uc_dst - core::mem::size_of::<FaultCall>()) & !15;
-        let sp = (call_dst - 64) & !15;
-        if fp_bytes != 0 {
-            core::ptr::copy_nonoverlapping(fp, fp_dst as *mut u8, fp_bytes);
-        }
-        core::ptr::copy_nonoverlapping(uc as *const u8, uc_dst as *mut u8, KERNEL_UC_BYTES);
-        let ucd = uc_dst as *mut libc::ucontext_t;
-        (*ucd).uc_mcontext.fpregs = if fp_bytes == 0 {
-            core::ptr::null_mut()
-        } else {
-            fp_dst as *mut libc::_libc_fpstate
-        };
-        let call = call_dst as *mut FaultCall;
-        call.write(FaultCall {
-            addr,
-            write,
-            uc: ucd,
-        });
-        switch_and_sigreturn(sp, call, resolve_entry);
-    }
+    write_stderr(
+        b"menps-dsm: fatal: DSM access from a signal handler running on the alternate \
+          signal stack\n",
+    );
+    false
 }
 
-/// Runs on the faulting stack: resolves, fixes up the copied frame for the
-/// current OS thread and returns the address `rt_sigreturn` needs.
-unsafe extern "C" fn resolve_entry(call: *mut FaultCall) -> usize {
-    // SAFETY: `call` was written by `hook` just below the copied frame.
-    let FaultCall { addr, write, uc } = unsafe { call.read() };
+/// Runs on the faulting stack: resolves the miss (or ends the process).
+fn resolve_on_faulting_stack(addr: usize, write: bool) {
     let r = RESOLVER.load(Ordering::Acquire);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: as in `hook`: the resolver outlives every fault.
@@ -269,23 +188,6 @@ unsafe extern "C" fn resolve_entry(call: *mut FaultCall) -> usize {
         }
     }
     FAULTS.fetch_add(1, Ordering::Relaxed);
-    // SAFETY: querying the current thread's mask and alternate stack into
-    // the copied frame, which nobody else uses.
-    unsafe {
-        let mut mask: libc::sigset_t = core::mem::zeroed();
-        libc::pthread_sigmask(libc::SIG_SETMASK, core::ptr::null(), &mut mask);
-        core::ptr::copy_nonoverlapping(
-            (&mask as *const libc::sigset_t).cast::<u8>(),
-            (&raw mut (*uc).uc_sigmask).cast::<u8>(),
-            8,
-        );
-        let mut ss: libc::stack_t = core::mem::zeroed();
-        if libc::sigaltstack(core::ptr::null(), &mut ss) == 0 {
-            ss.ss_flags &= !libc::SS_ONSTACK;
-            (*uc).uc_stack = ss;
-        }
-    }
-    uc as usize
 }
 
 fn fail(addr: usize, e: &DsmError) -> ! {
@@ -298,31 +200,4 @@ fn fail(addr: usize, e: &DsmError) -> ! {
         }
         _ => std::process::abort(),
     }
-}
-
-/// Switches the stack pointer to `sp` (16-byte aligned), calls `f(call)`,
-/// then sets the stack pointer to the `ucontext` address `f` returned and
-/// issues `rt_sigreturn`.
-///
-/// # Safety
-/// `sp` must be a 16-byte aligned address with enough stack below it, and
-/// `f` must return the address of a valid copied signal frame.
-#[unsafe(naked)]
-unsafe extern "C" fn switch_and_sigreturn(
-    sp: usize,
-    call: *mut FaultCall,
-    f: unsafe extern "C" fn(*mut FaultCall) -> usize,
-) -> ! {
-    core::arch::naked_asm!(
-        "mov rsp, rdi",
-        "mov rdi, rsi",
-        // A zero return address ends backtraces here.
-        "push 0",
-        "push 0",
-        "call rdx",
-        "mov rsp, rax",
-        "mov eax, 15", // SYS_rt_sigreturn
-        "syscall",
-        "ud2",
-    )
 }
