@@ -1,6 +1,6 @@
-//! DSM benchmarks (`../shared/design/benchmarks.md`): `dsm-barrier`, `read`,
-//! `false-sharing` and `protocol`, on the shm backend with 2 and 4
-//! processes.
+//! DSM benchmarks: `dsm-barrier`, `read`, `false-sharing`, `protocol` and
+//! `dsm-alloc`, on the shm backend with 2 and 4 processes (`dsm-alloc`: 1
+//! and 2).
 //!
 //! The binary is a driver: it starts one job per process count (and per
 //! protocol variant for `protocol`) by running itself with `MENPS_NPROCS`
@@ -16,11 +16,17 @@ use std::process::Command;
 use ct_bench::{Args, Param, Stats, emit, repeat, time_secs};
 use ct_worker::OsThreads;
 use menps_dsm::com::{AnyCom, Coll};
-use menps_dsm::dsm::Dsm;
+use menps_dsm::dsm::allocator::in_dsm_context;
+use menps_dsm::dsm::{Dsm, DsmAllocator};
+
+// The DSM's global allocator, for `dsm-alloc` (everything else allocates
+// outside DSM context, from the system allocator).
+#[global_allocator]
+static ALLOC: DsmAllocator = DsmAllocator;
 
 const HELP: &str = "\
-dsm [--parts barrier,read,false-sharing,protocol] [--procs 2,4] [--runs 7]
-    [--backend shm|mpi]
+dsm [--parts barrier,read,false-sharing,protocol,alloc] [--procs 2,4] [--runs 7]
+    [--backend shm|mpi] [--alloc-procs 1,2] [--alloc-pairs 1000000]
     [--barriers 2000] [--read-sizes 4096,65536,1048576,16777216]
     [--read-blocks 32768,4096] [--stripes 8,64,512,4096,32768] [--fs-iters 200]
     [--protocol-iters 30] [--wn-lists 16,1024]
@@ -34,10 +40,14 @@ false-sharing  every process writes its stripes of one 32 KiB block (stripes
 protocol       CG-like sparse mat-vec iterations (us per iteration) under
                {floating, fixed} x {hybrid, timestamp, directory}, and hybrid
                with several write-notice list lengths.
+dsm-alloc      malloc/free pairs of 64 B and 4 KiB through DsmAllocator from a
+               thread in DSM context (ns per pair); baseline: the system
+               allocator in the same run. Every process measures at once.
 --backend mpi  start the jobs with mpirun (needs the `mpi` feature).
 Targets (2 processes): barrier <= 5 us whatever the DSM size; false sharing
 <= 60 us at every stripe; read >= 2000 MB/s at 1 and 16 MiB, >= 400 MB/s at
-4 KiB; with 4 processes every figure >= 2x better than ArgoDSM's.";
+4 KiB; with 4 processes every figure >= 2x better than ArgoDSM's; a DSM
+malloc/free pair <= 3x the system allocator's.";
 
 type D = Dsm<AnyCom<OsThreads>, OsThreads>;
 
@@ -64,6 +74,7 @@ fn drive(args: &Args) {
             "read".to_string(),
             "false-sharing".to_string(),
             "protocol".to_string(),
+            "alloc".to_string(),
         ],
     );
     let procs: Vec<usize> = args.list("procs", &[2, 4]);
@@ -75,8 +86,14 @@ fn drive(args: &Args) {
         std::process::exit(2);
     }
     let mut failed = false;
+    let alloc_procs: Vec<usize> = args.list("alloc-procs", &[1, 2]);
     for part in &parts {
-        for &p in &procs {
+        let procs = if part == "alloc" {
+            &alloc_procs
+        } else {
+            &procs
+        };
+        for &p in procs {
             let variants: Vec<Vec<(&str, String)>> = if part == "protocol" {
                 let mut v = Vec::new();
                 for w in ["floating", "fixed"] {
@@ -163,6 +180,7 @@ fn job(part: &str, args: &Args) {
             args.get("fs-iters", 200),
         ),
         "protocol" => b.protocol(args.get("protocol-iters", 30)),
+        "alloc" => b.alloc(args.get("alloc-pairs", 1_000_000)),
         other => {
             eprintln!("dsm bench: unknown part {other}");
             std::process::exit(2)
@@ -438,5 +456,43 @@ impl Bench<'_> {
             "us",
             &st,
         );
+    }
+
+    /// malloc/free pairs through the global allocator in DSM context, and
+    /// the system allocator's in the same run.
+    fn alloc(&self, pairs: usize) {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        for size in [64usize, 4096] {
+            let l = Layout::from_size_align(size, 8).unwrap();
+            let pair = |a: &dyn GlobalAlloc| {
+                time_secs(|| {
+                    for _ in 0..pairs {
+                        // SAFETY: a valid layout; freed at once with it.
+                        unsafe {
+                            let p = a.alloc(l);
+                            assert!(!p.is_null());
+                            std::hint::black_box(p).write(1);
+                            a.dealloc(p, l);
+                        }
+                    }
+                }) * 1e9
+                    / pairs as f64
+            };
+            let sys = self.agreed(|| pair(&System));
+            self.emit("dsm-alloc", "system", &[("bytes", size.into())], "ns", &sys);
+            let dsm = self.agreed(|| in_dsm_context(|| pair(&ALLOC)));
+            self.emit("dsm-alloc", "menps", &[("bytes", size.into())], "ns", &dsm);
+            // The objects really are DSM memory.
+            let b = in_dsm_context(|| vec![0u8; size]);
+            assert!(menps_dsm::dsm::allocator::is_dsm_pointer(b.as_ptr()));
+            if self.dsm.rank() == 0 {
+                eprintln!(
+                    "dsm-alloc {size} B: {:.1} ns vs system {:.1} ns ({:.2}x; target <= 3x)",
+                    dsm.median,
+                    sys.median,
+                    dsm.median / sys.median
+                );
+            }
+        }
     }
 }
