@@ -2,11 +2,52 @@
 //! creating, running and joining N user-level threads (original
 //! `bench-create`). Each inner node spawns its left half as a new thread
 //! (`spawn` + `JoinHandle::join`) and runs its right half itself. Baseline in
-//! the same run: the same tree with `rayon::join`. Output: JSON lines, seconds.
+//! the same run: the same tree with `rayon::join`. `ct-worker-hook` is the
+//! same tree on a runtime with a switch hook installed (one that counts its
+//! calls per worker), to show what the hook calls cost. Output: JSON lines,
+//! seconds.
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ct_bench::{Args, emit, repeat, time_secs};
+use ct_context::{DefaultPolicy, StackRegion};
+use ct_worker::{
+    ChaseLevKind, Config, Custom, LeaveReason, MmapStacks, NoAspect, SwitchHook, UltThread,
+};
+
+/// A switch hook that counts its calls per worker (a stand-in for a DSM's
+/// pin/unpin bookkeeping).
+#[derive(Default)]
+struct CountingHook {
+    counts: [Padded; 32],
+}
+
+#[derive(Default)]
+#[repr(align(128))]
+struct Padded(AtomicU64);
+
+impl SwitchHook for CountingHook {
+    fn entering(&self, worker: usize, _: UltThread<'_>, _: StackRegion) {
+        self.counts[worker % 32].0.fetch_add(1, Ordering::Relaxed);
+    }
+    fn left(&self, worker: usize, _: UltThread<'_>, _: StackRegion, _: LeaveReason) {
+        self.counts[worker % 32].0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The default configuration with [`CountingHook`].
+type HookConfig = Custom<DefaultPolicy, ChaseLevKind, NoAspect, MmapStacks, CountingHook>;
+
+fn tree_ct_in<C: Config>(leaves: u64) -> u64 {
+    if leaves <= 1 {
+        return black_box(leaves);
+    }
+    let half = leaves / 2;
+    let left = ct_worker::spawn_in::<C, _, _>(move || tree_ct_in::<C>(half));
+    let right = tree_ct_in::<C>(leaves - half);
+    left.join() + right
+}
 
 fn tree_ct(leaves: u64) -> u64 {
     if leaves <= 1 {
@@ -60,6 +101,29 @@ fn main() {
             "ct-worker",
             "create",
             "ct-worker",
+            &[
+                ("n", n.into()),
+                ("workers", w.into()),
+                ("ns_per_thread", per.into()),
+            ],
+            "s",
+            &s,
+        );
+
+        eprintln!("ct-worker (hook) create {n} with {w} workers...");
+        let rt = ct_worker::Runtime::builder()
+            .workers(w)
+            .build_with::<HookConfig>()
+            .expect("runtime");
+        let s = repeat(runs, || {
+            time_secs(|| check(rt.block_on(|| tree_ct_in::<HookConfig>(n)), n))
+        });
+        drop(rt);
+        let per = s.median * 1e9 / n as f64;
+        emit(
+            "ct-worker",
+            "create",
+            "ct-worker-hook",
             &[
                 ("n", n.into()),
                 ("workers", w.into()),

@@ -5,12 +5,44 @@
 //! `ct-worker` / `ct-worker-asym` use `join_in` (the second closure waits as
 //! a job and becomes a thread only if stolen); `ct-worker-spawn` forks a real
 //! user-level thread every time (`spawn` + `JoinHandle::join`, work-first, as
-//! MassiveThreads does).
+//! MassiveThreads does). `ct-worker-hook` / `ct-worker-spawn-hook` are
+//! `ct-worker` / `ct-worker-spawn` with a switch hook installed (one that
+//! counts `entering` and `left` calls per worker), to show what the hook
+//! calls cost; the other lines have none (the default `NoHook`).
 
 use std::hint::black_box;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use ct_bench::{Args, Stats, emit, repeat, time_secs};
-use ct_worker::{AsymmetricConfig, Config, DefaultConfig};
+use ct_context::{DefaultPolicy, StackRegion};
+use ct_worker::{
+    AsymmetricConfig, ChaseLevKind, Config, Custom, DefaultConfig, LeaveReason, MmapStacks,
+    NoAspect, SwitchHook, UltThread,
+};
+
+/// A switch hook that counts its calls per worker (a stand-in for a DSM's
+/// pin/unpin bookkeeping).
+#[derive(Default)]
+struct CountingHook {
+    counts: [Padded; 32],
+}
+
+#[derive(Default)]
+#[repr(align(128))]
+struct Padded(AtomicU64);
+
+impl SwitchHook for CountingHook {
+    fn entering(&self, worker: usize, _: UltThread<'_>, _: StackRegion) {
+        self.counts[worker % 32].0.fetch_add(1, Ordering::Relaxed);
+    }
+    fn left(&self, worker: usize, _: UltThread<'_>, _: StackRegion, _: LeaveReason) {
+        self.counts[worker % 32].0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The default configuration with [`CountingHook`].
+type HookConfig = Custom<DefaultPolicy, ChaseLevKind, NoAspect, MmapStacks, CountingHook>;
 
 fn fib_serial(n: u64) -> u64 {
     if n < 2 {
@@ -29,6 +61,15 @@ fn fib_spawn(n: u64) -> u64 {
     h.join() + b
 }
 
+fn fib_spawn_in<C: Config>(n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    let h = ct_worker::spawn_in::<C, _, _>(move || fib_spawn_in::<C>(n - 1));
+    let b = fib_spawn_in::<C>(n - 2);
+    h.join() + b
+}
+
 fn bench_spawn(n: u64, workers: usize, runs: usize) -> Stats {
     let rt = ct_worker::Runtime::builder()
         .workers(workers)
@@ -37,6 +78,19 @@ fn bench_spawn(n: u64, workers: usize, runs: usize) -> Stats {
     repeat(runs, || {
         time_secs(|| {
             let r = rt.block_on(|| fib_spawn(black_box(n)));
+            check(r, n);
+        })
+    })
+}
+
+fn bench_spawn_hook(n: u64, workers: usize, runs: usize) -> Stats {
+    let rt = ct_worker::Runtime::builder()
+        .workers(workers)
+        .build_with::<HookConfig>()
+        .expect("runtime");
+    repeat(runs, || {
+        time_secs(|| {
+            let r = rt.block_on(|| fib_spawn_in::<HookConfig>(black_box(n)));
             check(r, n);
         })
     })
@@ -51,7 +105,11 @@ fn fib_ct<C: Config>(n: u64) -> u64 {
 }
 
 /// Runs fib(n) on a runtime of configuration `C`; returns the summary.
-fn bench_ct<C: Config>(n: u64, workers: usize, runs: usize) -> Stats {
+fn bench_ct<C: Config>(n: u64, workers: usize, runs: usize) -> Stats
+where
+    C::Stacks: Default,
+    C::Hook: Default,
+{
     let rt = ct_worker::Runtime::builder()
         .workers(workers)
         .build_with::<C>()
@@ -137,6 +195,8 @@ fn main() {
                 ),
                 ("ct-worker-asym", bench_ct::<AsymmetricConfig>),
                 ("ct-worker-spawn", bench_spawn),
+                ("ct-worker-hook", bench_ct::<HookConfig>),
+                ("ct-worker-spawn-hook", bench_spawn_hook),
             ] {
                 eprintln!("{name} fib({n}) with {w} workers...");
                 let s = run(n, w, runs);

@@ -1,5 +1,5 @@
-//! Compile-time configuration of a runtime: context policy, worker deque and
-//! aspect, bundled in one type (the Rust counterpart of cmpth's policy "itf"
+//! Compile-time configuration of a runtime: context policy, worker deque,
+//! aspect, stack source and switch hook, bundled in one type (the Rust counterpart of cmpth's policy "itf"
 //! bundles).
 
 use core::marker::PhantomData;
@@ -8,6 +8,8 @@ use ct_context::{ContextPolicy, DefaultPolicy};
 
 use crate::aspect::{Aspect, NoAspect, StatsAspect, TraceAspect};
 use crate::deque::{AsymmetricChaseLev, ChaseLev, LockedDeque, WorkerDeque};
+use crate::hook::{NoHook, SwitchHook};
+use crate::stack::{MmapStacks, StackSource};
 
 /// The components a runtime is built from.
 ///
@@ -21,6 +23,16 @@ pub trait Config: Send + Sync + Sized + 'static {
     type Deque<T: Send + 'static>: WorkerDeque<T>;
     /// Hooks called on scheduler events.
     type Aspect: Aspect;
+    /// Where threads' stacks come from ([`MmapStacks`] in the bundled
+    /// configurations). The instance is given to
+    /// [`Builder::stack_source`](crate::Builder::stack_source), else
+    /// default-constructed.
+    type Stacks: StackSource;
+    /// Told when threads are switched in and out ([`NoHook`], which costs
+    /// nothing, in the bundled configurations). The instance is given to
+    /// [`Builder::switch_hook`](crate::Builder::switch_hook), else
+    /// default-constructed.
+    type Hook: SwitchHook;
 }
 
 /// The default: the target's fastest context policy, Chase–Lev deques, no aspect.
@@ -31,6 +43,8 @@ impl Config for DefaultConfig {
     type Policy = DefaultPolicy;
     type Deque<T: Send + 'static> = ChaseLev<T>;
     type Aspect = NoAspect;
+    type Stacks = MmapStacks;
+    type Hook = NoHook;
 }
 
 /// The default configuration with [`AsymmetricChaseLev`] deques: owner pops
@@ -43,6 +57,8 @@ impl Config for AsymmetricConfig {
     type Policy = DefaultPolicy;
     type Deque<T: Send + 'static> = AsymmetricChaseLev<T>;
     type Aspect = NoAspect;
+    type Stacks = MmapStacks;
+    type Hook = NoHook;
 }
 
 /// The default configuration with per-worker statistics
@@ -54,6 +70,8 @@ impl Config for StatsConfig {
     type Policy = DefaultPolicy;
     type Deque<T: Send + 'static> = ChaseLev<T>;
     type Aspect = StatsAspect;
+    type Stacks = MmapStacks;
+    type Hook = NoHook;
 }
 
 /// The default configuration with a Chrome trace-event recorder
@@ -65,6 +83,8 @@ impl Config for TraceConfig {
     type Policy = DefaultPolicy;
     type Deque<T: Send + 'static> = ChaseLev<T>;
     type Aspect = TraceAspect;
+    type Stacks = MmapStacks;
+    type Hook = NoHook;
 }
 
 /// A family of deques, to name one in [`Custom`].
@@ -95,15 +115,24 @@ impl DequeKind for LockedKind {
 }
 
 /// A configuration assembled from its parts, e.g.
-/// `Custom<ct_context::Portable, LockedKind, StatsAspect>`.
+/// `Custom<ct_context::Portable, LockedKind, StatsAspect>`, or
+/// `Custom<DefaultPolicy, ChaseLevKind, NoAspect, MyStacks, MyHook>` for a
+/// runtime whose threads run on stacks of `MyStacks` with `MyHook` told of
+/// every switch.
 #[derive(Debug)]
-pub struct Custom<P = DefaultPolicy, D = ChaseLevKind, A = NoAspect>(PhantomData<Parts<P, D, A>>);
+pub struct Custom<P = DefaultPolicy, D = ChaseLevKind, A = NoAspect, S = MmapStacks, H = NoHook>(
+    PhantomData<Parts<P, D, A, S, H>>,
+);
 
 /// The parts of a [`Custom`] configuration, as a type (never constructed).
-type Parts<P, D, A> = fn() -> (P, D, A);
+type Parts<P, D, A, S, H> = fn() -> (P, D, A, S, H);
 
-impl<P: ContextPolicy, D: DequeKind, A: Aspect> Config for Custom<P, D, A> {
+impl<P: ContextPolicy, D: DequeKind, A: Aspect, S: StackSource, H: SwitchHook> Config
+    for Custom<P, D, A, S, H>
+{
     type Policy = P;
     type Deque<T: Send + 'static> = D::Deque<T>;
     type Aspect = A;
+    type Stacks = S;
+    type Hook = H;
 }

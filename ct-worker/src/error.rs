@@ -24,6 +24,10 @@ pub enum Error {
          each guarded stack uses two memory mappings)"
     )]
     Stack(#[source] ct_context::Error),
+    /// The runtime's stack source cannot provide a stack (it ran out of
+    /// memory it owns, or refuses the stack size).
+    #[error("the stack source cannot provide a thread stack: {0}")]
+    StackSource(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A worker thread could not be started.
     #[error("cannot start worker thread: {0}")]
     Spawn(#[source] std::io::Error),

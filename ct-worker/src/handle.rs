@@ -10,10 +10,12 @@ use ct_context::make_context_with;
 
 use crate::aspect::Aspect;
 use crate::config::{Config, DefaultConfig};
+use crate::error::Result;
 use crate::os_waiter::OsWaiter;
-use crate::pool::{GLOBAL, StackBlock};
+use crate::pool::GLOBAL;
 use crate::runtime::Shared;
-use crate::task::{TaskDesc, TaskRef};
+use crate::stack::StackSource;
+use crate::task::{StackOf, TaskDesc, TaskRef};
 use crate::worker::Worker;
 
 /// An owned permission to join a user-level thread, like
@@ -119,54 +121,61 @@ where
     unsafe { w.exit(me) }
 }
 
-/// Work-first spawn on worker `w`, from its running thread.
+/// Work-first spawn on worker `w`, from its running thread. Fails (before
+/// anything else happens) if the stack source has no stack.
 ///
 /// # Safety
 ///
 /// Everything `f` borrows must outlive the thread.
-pub(crate) unsafe fn spawn_on<C: Config, F, T>(w: &Worker<C>, f: F) -> JoinHandle<T, C>
+pub(crate) unsafe fn spawn_on<C: Config, F, T>(w: &Worker<C>, f: F) -> Result<JoinHandle<T, C>>
 where
     F: FnOnce() -> T + Send,
     T: Send,
 {
+    let stack = w.alloc_stack()?;
     let desc = w.alloc_desc();
-    // SAFETY: forwarded contract; the descriptor is fresh.
-    unsafe { fork_on::<C, F, T>(w, TaskRef::new(desc), f) };
-    JoinHandle {
+    // SAFETY: forwarded contract; the descriptor and the stack are fresh.
+    unsafe { fork_on::<C, F, T>(w, TaskRef::new(desc), stack, f) };
+    Ok(JoinHandle {
         desc,
         _result: PhantomData,
-    }
+    })
 }
 
-/// Forks `f` as thread `child` (a fresh descriptor) on `w`.
+/// Forks `f` as thread `child` (a fresh descriptor) on `w`, on `stack`.
 ///
 /// # Safety
 ///
 /// Called from `w`'s running thread; everything `f` borrows must outlive the
-/// thread; `child` must stay valid until it is joined.
-unsafe fn fork_on<C: Config, F, T>(w: &Worker<C>, child: TaskRef<C>, f: F)
+/// thread; `child` must stay valid until it is joined; `stack` is fresh from
+/// the runtime's source.
+unsafe fn fork_on<C: Config, F, T>(w: &Worker<C>, child: TaskRef<C>, stack: StackOf<C>, f: F)
 where
     F: FnOnce() -> T + Send,
     T: Send,
 {
-    let stack = w.alloc_stack();
     child.desc().stack.set(Some(stack));
     // SAFETY: called from `w`'s running thread; `child` is fresh and runs on
     // `stack`.
     unsafe { w.suspend_to_new(child, stack, move || thread_main::<C, F, T>(child, f)) };
 }
 
-/// Spawn from outside the runtime: the thread is created suspended and put on
-/// the global injector.
+/// Spawn from outside the runtime: the thread gets its stack now, is put on
+/// the global injector unstarted, and starts on the worker that takes it
+/// (which writes its first frame only after telling the switch hook).
 ///
 /// # Safety
 ///
 /// Everything `f` borrows must outlive the thread.
-pub(crate) unsafe fn spawn_injected<C: Config, F, T>(shared: &Shared<C>, f: F) -> JoinHandle<T, C>
+pub(crate) unsafe fn spawn_injected<C: Config, F, T>(
+    shared: &Shared<C>,
+    f: F,
+) -> Result<JoinHandle<T, C>>
 where
     F: FnOnce() -> T + Send,
     T: Send,
 {
+    let stack = shared.stacks.take(None)?;
     let desc = match shared.descs.take_global() {
         Some(d) => {
             // SAFETY: a cached descriptor is free and ours.
@@ -180,27 +189,56 @@ where
             d
         }
     };
-    let stack = match shared.stacks.take_global() {
-        Some(s) => s,
-        None => StackBlock::create(shared.stack_size, GLOBAL)
-            .unwrap_or_else(|e| panic!("ct-worker: cannot spawn a thread: {e}")),
-    };
     let child = TaskRef::new(desc);
     child.desc().stack.set(Some(stack));
-    // SAFETY: the stack is fresh and lives until the thread exits.
-    let ctx = unsafe {
-        make_context_with::<C::Policy, _>(StackBlock::region(stack), move |_| {
-            thread_main::<C, F, T>(child, f)
-        })
-    }
-    .unwrap_or_else(|| panic!("ct-worker: the closure does not fit on a thread stack"));
-    // SAFETY: the fresh thread is suspended; nobody else sees it yet.
-    unsafe { child.desc().set_ctx(ctx) };
+    let f = Box::into_raw(Box::new(f));
+    child.desc().start.set(Some((
+        start_injected::<C, F, T>,
+        f.cast_const().cast::<()>(),
+    )));
     shared.inject(child);
-    JoinHandle {
+    Ok(JoinHandle {
         desc,
         _result: PhantomData,
-    }
+    })
+}
+
+/// Starts a thread spawned from outside the runtime (its closure boxed at
+/// `data`, its stack already in the descriptor) as thread `t` on worker `w`.
+///
+/// # Safety
+///
+/// The caller took `t` from a queue (so nobody else starts it) and switches
+/// to the returned context; `data` is `t`'s boxed `F`, which the new thread
+/// takes.
+unsafe fn start_injected<C: Config, F, T>(
+    w: &Worker<C>,
+    t: TaskRef<C>,
+    data: *const (),
+) -> ct_context::Context<C::Policy>
+where
+    F: FnOnce() -> T,
+{
+    let stack = t.desc().stack.get().expect("a spawned thread has a stack");
+    w.hook_entering(t);
+    let f = data.cast::<F>().cast_mut();
+    let entry = move |_| {
+        // SAFETY: per the contract, the box is ours to take, once.
+        let f = unsafe { Box::from_raw(f) };
+        thread_main::<C, F, T>(t, *f)
+    };
+    // SAFETY: the stack is the thread's own (unused so far) and lives until
+    // the thread exits.
+    unsafe { make_context_with::<C::Policy, _>(<C::Stacks as StackSource>::region(stack), entry) }
+        .unwrap_or_else(|| fatal("a thread's first frame does not fit on its stack"))
+}
+
+/// Ends the process with `msg`: for failures in the middle of a switch,
+/// where neither a panic nor an error could reach anyone.
+#[cold]
+fn fatal(msg: &str) -> ! {
+    eprintln!("ct-worker: {msg}; aborting");
+    std::process::abort()
 }
 
 /// Spawns a user-level thread on the current runtime (default configuration).
@@ -212,7 +250,7 @@ where
 ///
 /// Panics if called outside a user-level thread of a default-configuration
 /// runtime (use [`Runtime::spawn`](crate::Runtime::spawn) from OS threads), or
-/// if no stack can be allocated.
+/// if the stack source cannot provide a stack (see [`try_spawn_in`]).
 pub fn spawn<F, T>(f: F) -> JoinHandle<T>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -227,8 +265,22 @@ where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
+    try_spawn_in(f).unwrap_or_else(|e| panic!("ct-worker: cannot spawn a thread: {e}"))
+}
+
+/// [`spawn_in`], with an error instead of a panic when the runtime's stack
+/// source cannot provide a stack (the closure is dropped then).
+///
+/// # Panics
+///
+/// Panics if called outside a user-level thread of a `C` runtime.
+pub fn try_spawn_in<C: Config, F, T>(f: F) -> Result<JoinHandle<T, C>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
     // SAFETY: `F` and `T` are 'static.
-    unsafe { spawn_unchecked_in::<C, F, T>(f) }
+    unsafe { try_spawn_unchecked_in::<C, F, T>(f) }
 }
 
 /// Spawns without lifetime bounds, from a user-level thread of a `C` runtime.
@@ -237,6 +289,21 @@ where
 ///
 /// Everything `f` borrows must outlive the thread.
 pub(crate) unsafe fn spawn_unchecked_in<C: Config, F, T>(f: F) -> JoinHandle<T, C>
+where
+    F: FnOnce() -> T + Send,
+    T: Send,
+{
+    // SAFETY: forwarded contract.
+    unsafe { try_spawn_unchecked_in(f) }
+        .unwrap_or_else(|e| panic!("ct-worker: cannot spawn a thread: {e}"))
+}
+
+/// [`spawn_unchecked_in`] with an error when no stack is available.
+///
+/// # Safety
+///
+/// Everything `f` borrows must outlive the thread.
+unsafe fn try_spawn_unchecked_in<C: Config, F, T>(f: F) -> Result<JoinHandle<T, C>>
 where
     F: FnOnce() -> T + Send,
     T: Send,
@@ -268,6 +335,10 @@ where
 ///
 /// If either panics, the panic is re-raised after both have finished (`a`'s
 /// first).
+///
+/// A stolen `b` takes its stack from the runtime's stack source on the thief;
+/// if the source fails there, nobody could be told, and the process aborts
+/// with a message.
 pub fn join<A, B, RA, RB>(a: A, b: B) -> (RA, RB)
 where
     A: FnOnce() -> RA + Send,
@@ -344,8 +415,11 @@ unsafe fn start_job<C: Config, B, RB>(
 where
     B: FnOnce() -> RB,
 {
-    let stack = w.alloc_stack();
+    let stack = w
+        .alloc_stack()
+        .unwrap_or_else(|e| fatal(&format!("a stolen join job cannot get a stack: {e}")));
     t.desc().stack.set(Some(stack));
+    w.hook_entering(t);
     let data = data.cast::<B>();
     let entry = move |_| {
         // SAFETY: per the contract, the closure is ours to move out; the
@@ -354,8 +428,8 @@ where
         thread_main::<C, B, RB>(t, b)
     };
     // SAFETY: the stack is fresh and lives until the thread exits.
-    unsafe { make_context_with::<C::Policy, _>(StackBlock::region(stack), entry) }
-        .unwrap_or_else(|| panic!("ct-worker: the job does not fit on a thread stack"))
+    unsafe { make_context_with::<C::Policy, _>(<C::Stacks as StackSource>::region(stack), entry) }
+        .unwrap_or_else(|| fatal("a join job's first frame does not fit on its stack"))
 }
 
 /// Waits until `task` has finished and takes its result.

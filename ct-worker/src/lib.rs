@@ -33,6 +33,11 @@
 //!   wake its own waiters.
 //! - **Per-worker pools** of stacks and descriptors that return memory to the
 //!   worker that allocated it.
+//! - **Stack sources and switch hooks**: the configuration chooses where
+//!   threads' stacks come from ([`StackSource`]; by default [`MmapStacks`],
+//!   guarded and pooled) and a [`SwitchHook`] told before a worker enters a
+//!   thread's stack and after it has left it (a DSM pins the running
+//!   threads' stacks that way); the default [`NoHook`] costs nothing.
 //! - **Aspects** ([`Aspect`]): zero-cost by default; [`StatsConfig`] counts
 //!   scheduler events, [`TraceConfig`] writes a Chrome trace (`CT_TRACE=file`).
 //! - **[`UltItf`]**: the interface higher layers are written against, also
@@ -87,6 +92,7 @@ mod config;
 mod deque;
 mod error;
 mod handle;
+mod hook;
 pub mod idle;
 mod itf;
 mod join_state;
@@ -100,6 +106,7 @@ mod remote_list;
 mod rng;
 mod runtime;
 mod scope;
+mod stack;
 pub mod suspended;
 mod sync;
 mod task;
@@ -115,14 +122,18 @@ pub use deque::{
     LockedStealer, Steal, WorkerDeque,
 };
 pub use error::{Error, Result};
-pub use handle::{JoinHandle, join, join_in, spawn, spawn_in, yield_now, yield_now_in};
+pub use handle::{
+    JoinHandle, join, join_in, spawn, spawn_in, try_spawn_in, yield_now, yield_now_in,
+};
+pub use hook::{LeaveReason, NoHook, SwitchHook, UltThread};
 pub use idle::{IdleHook, IdleMode, defer_until_idle};
 pub use itf::{JoinHandleItf, SuspendedThreadItf, Ult, UltItf};
 pub use local::UltLocalKey;
 pub use os::{OsSuspendedThread, OsThreads};
 pub use parallel::{parallel_for, parallel_for_in};
-pub use runtime::{Builder, DEFAULT_STACK_SIZE, Runtime};
+pub use runtime::{Builder, BuilderPart, DEFAULT_STACK_SIZE, DefaultPart, Given, Runtime};
 pub use scope::{Scope, ScopedJoinHandle, scope, scope_in};
+pub use stack::{MmapStackCache, MmapStackHandle, MmapStacks, StackSource};
 pub use suspended::SuspendedThread;
 
 /// Index of the worker running the caller, or `None` outside any runtime.
@@ -136,4 +147,32 @@ pub fn current_worker_index() -> Option<usize> {
 /// Number of workers of the runtime running the caller (1 outside a runtime).
 pub fn num_workers() -> usize {
     worker::current_info().map_or(1, |(_, _, n)| n)
+}
+
+/// Identity of the running user-level thread (the same value its
+/// [`SwitchHook`] calls see as [`UltThread::id`]), or `None` outside any.
+pub fn current_thread_id() -> Option<usize> {
+    worker::current_thread().map(|(id, _)| id)
+}
+
+/// The hook word of the running user-level thread ([`UltThread::data`]), or
+/// `None` outside any.
+pub fn current_thread_data() -> Option<usize> {
+    // SAFETY: the word lives in the running thread's descriptor, which lives
+    // at least as long as the thread runs; only the worker running the thread
+    // touches it meanwhile.
+    worker::current_thread().map(|(_, d)| unsafe { d.as_ref() }.get())
+}
+
+/// Stores the hook word of the running user-level thread
+/// ([`UltThread::set_data`]); returns `false` (and does nothing) outside any.
+pub fn set_current_thread_data(v: usize) -> bool {
+    match worker::current_thread() {
+        Some((_, d)) => {
+            // SAFETY: as in `current_thread_data`.
+            unsafe { d.as_ref() }.set(v);
+            true
+        }
+        None => false,
+    }
 }

@@ -9,13 +9,9 @@
 //! happen to free it — the failure mode of naive per-thread pools under
 //! thread migration.
 
-use core::mem::ManuallyDrop;
-use core::ptr::{self, NonNull};
+use core::ptr::NonNull;
 use std::sync::Mutex;
 
-use ct_context::{MmapStack, Stack, StackRegion};
-
-use crate::error::{Error, Result};
 use crate::remote_list::{Linked, RemoteList, drain};
 
 /// Owner tag of items that belong to the runtime's global cache.
@@ -172,66 +168,5 @@ impl<T: PoolItem> Drop for SharedPool<T> {
             // SAFETY: as above.
             unsafe { T::destroy(p) };
         }
-    }
-}
-
-/// A user-level thread's stack: an [`MmapStack`] with this header written at
-/// its top.
-#[derive(Debug)]
-pub(crate) struct StackBlock {
-    next: *mut StackBlock,
-    owner: usize,
-    region: StackRegion,
-    mem: ManuallyDrop<MmapStack>,
-}
-
-// SAFETY: `next` is a field of the block.
-unsafe impl Linked for StackBlock {
-    fn link(this: *mut Self) -> *mut *mut Self {
-        // SAFETY: `this` is a valid block per the caller.
-        unsafe { &raw mut (*this).next }
-    }
-}
-
-// SAFETY: `owner` is set at creation; `destroy` unmaps the block's own stack.
-unsafe impl PoolItem for StackBlock {
-    fn owner(this: NonNull<Self>) -> usize {
-        // SAFETY: pooled blocks are valid.
-        unsafe { this.as_ref().owner }
-    }
-
-    unsafe fn destroy(this: NonNull<Self>) {
-        // SAFETY: move the mapping out of the block that lives inside it, then
-        // unmap it; the block is not touched afterwards.
-        let mem = unsafe { ptr::read(&this.as_ref().mem) };
-        drop(ManuallyDrop::into_inner(mem));
-    }
-}
-
-impl StackBlock {
-    /// Maps a new stack of `size` usable bytes owned by `owner`.
-    pub(crate) fn create(size: usize, owner: usize) -> Result<NonNull<StackBlock>> {
-        let mem = MmapStack::new(size).map_err(Error::Stack)?;
-        let (slot, region) = mem
-            .region()
-            .carve_top(size_of::<StackBlock>(), align_of::<StackBlock>())
-            .ok_or(Error::StackTooSmall { requested: size })?;
-        let block = slot as *mut StackBlock;
-        // SAFETY: `slot` is aligned memory at the top of the mapping we own.
-        unsafe {
-            block.write(StackBlock {
-                next: ptr::null_mut(),
-                owner,
-                region,
-                mem: ManuallyDrop::new(mem),
-            });
-            Ok(NonNull::new_unchecked(block))
-        }
-    }
-
-    /// The usable stack below the header.
-    pub(crate) fn region(this: NonNull<Self>) -> StackRegion {
-        // SAFETY: pooled blocks are valid.
-        unsafe { this.as_ref().region }
     }
 }

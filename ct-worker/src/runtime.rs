@@ -15,14 +15,17 @@ use crate::config::{Config, DefaultConfig};
 use crate::deque::WorkerDeque;
 use crate::error::{Error, Result};
 use crate::handle::JoinHandle;
+use crate::hook::SwitchHook;
 use crate::idle::IdleMode;
 use crate::pool::SharedPool;
 use crate::remote_list::RemoteList;
+use crate::stack::StackSource;
 use crate::task::{TaskDesc, TaskRef};
 use crate::worker::{Worker, current_info};
 
 /// Default usable stack size of a user-level thread: 128 KiB (with a guard
-/// page below it). Only touched pages cost memory.
+/// page below it, for the default [`MmapStacks`](crate::MmapStacks)). Only
+/// touched pages cost memory.
 pub const DEFAULT_STACK_SIZE: usize = 128 * 1024;
 
 static NEXT_RUNTIME_ID: AtomicUsize = AtomicUsize::new(1);
@@ -175,7 +178,10 @@ pub(crate) struct Shared<C: Config> {
     pub(crate) inboxes: Box<[CachePadded<RemoteList<TaskDesc<C>>>]>,
     pub(crate) injector: Injector<TaskRef<C>>,
     pub(crate) descs: SharedPool<TaskDesc<C>>,
-    pub(crate) stacks: SharedPool<crate::pool::StackBlock>,
+    /// Where threads' stacks come from.
+    pub(crate) stacks: C::Stacks,
+    /// Told of every switch into and out of a thread.
+    pub(crate) hook: C::Hook,
     pub(crate) stack_size: usize,
     pub(crate) sleep: Sleep,
     shutdown: AtomicBool,
@@ -188,12 +194,20 @@ pub(crate) struct Shared<C: Config> {
 /// let rt = ct_worker::Runtime::builder().workers(2).stack_size(64 * 1024).build().unwrap();
 /// assert_eq!(rt.block_on(|| ct_worker::num_workers()), 2);
 /// ```
+///
+/// The type parameters record whether a [stack source](Builder::stack_source)
+/// and a [switch hook](Builder::switch_hook) were given ([`Given`]) or are
+/// left to the configuration's default-constructed types ([`DefaultPart`]);
+/// they are checked against the configuration at
+/// [`build_with`](Builder::build_with).
 #[derive(Debug, Clone)]
-pub struct Builder {
+pub struct Builder<S = DefaultPart, H = DefaultPart> {
     workers: Option<usize>,
     stack_size: Option<usize>,
     name: String,
     trace_path: Option<PathBuf>,
+    stacks: S,
+    hook: H,
 }
 
 impl Default for Builder {
@@ -203,7 +217,37 @@ impl Default for Builder {
             stack_size: None,
             name: "ct-worker".to_string(),
             trace_path: None,
+            stacks: DefaultPart,
+            hook: DefaultPart,
         }
+    }
+}
+
+/// A part of a [`Builder`] left to the configuration: its type,
+/// default-constructed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultPart;
+
+/// A part given to a [`Builder`] (see [`Builder::stack_source`]).
+#[derive(Debug, Clone)]
+pub struct Given<T>(T);
+
+/// What a [`Builder`] holds for a part of type `T` of the configuration:
+/// [`DefaultPart`] (for a `T: Default`) or [`Given<T>`].
+pub trait BuilderPart<T> {
+    /// The part.
+    fn into_part(self) -> T;
+}
+
+impl<T: Default> BuilderPart<T> for DefaultPart {
+    fn into_part(self) -> T {
+        T::default()
+    }
+}
+
+impl<T> BuilderPart<T> for Given<T> {
+    fn into_part(self) -> T {
+        self.0
     }
 }
 
@@ -225,7 +269,7 @@ fn parse_size(s: &str) -> Option<usize> {
     num.trim().parse::<usize>().ok()?.checked_mul(mult)
 }
 
-impl Builder {
+impl<S, H> Builder<S, H> {
     /// Number of worker OS threads. Default: `CT_NUM_WORKERS`, else the
     /// number of CPUs available to the process.
     pub fn workers(mut self, n: usize) -> Self {
@@ -255,13 +299,65 @@ impl Builder {
         self
     }
 
+    /// The stack source the threads of the runtime get their stacks from
+    /// (of the configuration's [`Config::Stacks`] type; without this call,
+    /// that type's `Default`). Its [`init`](StackSource::init) runs in
+    /// [`build_with`](Builder::build_with), whose error it may become.
+    ///
+    /// ```
+    /// let rt = ct_worker::Runtime::builder()
+    ///     .workers(1)
+    ///     .stack_source(ct_worker::MmapStacks::default())
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(rt.block_on(|| 6 * 7), 42);
+    /// ```
+    pub fn stack_source<S2: StackSource>(self, source: S2) -> Builder<Given<S2>, H> {
+        Builder {
+            workers: self.workers,
+            stack_size: self.stack_size,
+            name: self.name,
+            trace_path: self.trace_path,
+            stacks: Given(source),
+            hook: self.hook,
+        }
+    }
+
+    /// The switch hook of the runtime (of the configuration's
+    /// [`Config::Hook`] type; without this call, that type's `Default`).
+    pub fn switch_hook<H2: SwitchHook>(self, hook: H2) -> Builder<S, Given<H2>> {
+        Builder {
+            workers: self.workers,
+            stack_size: self.stack_size,
+            name: self.name,
+            trace_path: self.trace_path,
+            stacks: self.stacks,
+            hook: Given(hook),
+        }
+    }
+
     /// Starts a runtime with the default configuration.
-    pub fn build(self) -> Result<Runtime> {
+    pub fn build(self) -> Result<Runtime>
+    where
+        S: BuilderPart<<DefaultConfig as Config>::Stacks>,
+        H: BuilderPart<<DefaultConfig as Config>::Hook>,
+    {
         self.build_with::<DefaultConfig>()
     }
 
-    /// Starts a runtime with configuration `C`.
-    pub fn build_with<C: Config>(self) -> Result<Runtime<C>> {
+    /// Starts a runtime with configuration `C` (whose stack source and switch
+    /// hook are those given to the builder, if any).
+    ///
+    /// # Errors
+    ///
+    /// An invalid worker count or stack size (from the builder or the
+    /// environment), a stack source that refuses the stack size, or a worker
+    /// thread that cannot be started.
+    pub fn build_with<C: Config>(self) -> Result<Runtime<C>>
+    where
+        S: BuilderPart<C::Stacks>,
+        H: BuilderPart<C::Hook>,
+    {
         let workers = match self.workers {
             Some(0) => return Err(Error::InvalidWorkers("0".into())),
             Some(n) => n,
@@ -277,9 +373,9 @@ impl Builder {
                 env_usize("CT_STACK_SIZE", Error::InvalidStackSize)?.unwrap_or(DEFAULT_STACK_SIZE)
             }
         };
-        if stack_size < ct_context::MmapStack::MIN_SIZE {
-            return Err(Error::InvalidStackSize(stack_size.to_string()));
-        }
+        let mut stacks: C::Stacks = self.stacks.into_part();
+        stacks.init(stack_size, workers)?;
+        let hook: C::Hook = self.hook.into_part();
         let mut deques = Vec::with_capacity(workers);
         let mut stealers = Vec::with_capacity(workers);
         let mut home_stealers = Vec::with_capacity(workers);
@@ -300,7 +396,8 @@ impl Builder {
                 .collect(),
             injector: Injector::new(),
             descs: SharedPool::new(workers),
-            stacks: SharedPool::new(workers),
+            stacks,
+            hook,
             stack_size,
             sleep: Sleep::new(workers),
             shutdown: AtomicBool::new(false),
@@ -309,10 +406,6 @@ impl Builder {
                 trace_path: self.trace_path.clone(),
             }),
         });
-        // Check the stack size now rather than at the first spawn.
-        let probe = crate::pool::StackBlock::create(stack_size, crate::pool::GLOBAL)?;
-        // SAFETY: the fresh block is unused; it becomes the first cached stack.
-        unsafe { shared.stacks.free(probe, None) };
         {
             let any: Arc<dyn std::any::Any + Send + Sync> = shared.clone();
             REGISTRY
@@ -466,27 +559,60 @@ impl<C: Config> Runtime<C> {
         current_info().is_some_and(|(id, _, _)| id == self.shared.id)
     }
 
-    /// Runs `f` as a user-level thread and returns its value on the calling
-    /// OS thread, which blocks meanwhile. A panic in `f` is re-raised here.
+    /// Runs `f` as a user-level thread (on a stack from the runtime's stack
+    /// source) and returns its value on the calling OS thread, which blocks
+    /// meanwhile. A panic in `f` is re-raised here.
     ///
     /// Called from one of this runtime's own threads, it simply runs `f`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the stack source cannot provide a stack (see
+    /// [`Runtime::try_block_on`]).
     pub fn block_on<F, T>(&self, f: F) -> T
     where
         F: FnOnce() -> T + Send,
         T: Send,
     {
+        self.try_block_on(f)
+            .unwrap_or_else(|e| panic!("ct-worker: cannot start a thread: {e}"))
+    }
+
+    /// [`Runtime::block_on`], with an error instead of a panic when the stack
+    /// source cannot provide a stack.
+    pub fn try_block_on<F, T>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
         if self.is_current() {
-            return f();
+            return Ok(f());
         }
         // SAFETY: we join the thread before returning, so everything `f`
         // borrows outlives it.
-        let h = unsafe { self.spawn_unchecked(f) };
-        h.join()
+        let h = unsafe { self.spawn_unchecked(f) }?;
+        Ok(h.join())
     }
 
     /// Starts `f` as a user-level thread from anywhere: work-first when called
     /// on one of this runtime's workers, otherwise through the global queue.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the stack source cannot provide a stack (see
+    /// [`Runtime::try_spawn`]).
     pub fn spawn<F, T>(&self, f: F) -> JoinHandle<T, C>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        self.try_spawn(f)
+            .unwrap_or_else(|e| panic!("ct-worker: cannot spawn a thread: {e}"))
+    }
+
+    /// [`Runtime::spawn`], with an error instead of a panic when the stack
+    /// source cannot provide a stack.
+    pub fn try_spawn<F, T>(&self, f: F) -> Result<JoinHandle<T, C>>
     where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
@@ -495,13 +621,13 @@ impl<C: Config> Runtime<C> {
         unsafe { self.spawn_unchecked(f) }
     }
 
-    /// [`Runtime::spawn`] without the `'static` bounds.
+    /// [`Runtime::try_spawn`] without the `'static` bounds.
     ///
     /// # Safety
     ///
     /// Everything `f` borrows must outlive the thread (join it before the
     /// borrows end).
-    pub(crate) unsafe fn spawn_unchecked<F, T>(&self, f: F) -> JoinHandle<T, C>
+    pub(crate) unsafe fn spawn_unchecked<F, T>(&self, f: F) -> Result<JoinHandle<T, C>>
     where
         F: FnOnce() -> T + Send,
         T: Send,

@@ -18,6 +18,7 @@
 use core::marker::PhantomData;
 
 use crate::config::{Config, DefaultConfig};
+use crate::hook::LeaveReason;
 use crate::os_waiter::OsWaiter;
 use crate::sync::{AtomicUsize, Ordering};
 use crate::task::TaskRef;
@@ -278,7 +279,9 @@ impl<C: Config> SuspendedThread<C> {
         match (p, Worker::<C>::current().filter(|w| w.running().is_some())) {
             // SAFETY: we are `w`'s running thread and own `t`'s wake-up; the
             // ontop function makes us runnable after our context is saved.
-            (Parked::Ult(t), Some(w)) => unsafe { w.suspend_to_cont(t, |me| w.push(me)) },
+            (Parked::Ult(t), Some(w)) => unsafe {
+                w.suspend_to_cont(t, LeaveReason::Suspended, |me| w.push(me))
+            },
             (p, _) => wake::<C>(p),
         }
         true

@@ -15,8 +15,9 @@ use ct_context::Context;
 use crate::config::Config;
 use crate::join_state::JoinState;
 use crate::local::LocalMap;
-use crate::pool::{PoolItem, StackBlock};
+use crate::pool::PoolItem;
 use crate::remote_list::Linked;
+use crate::stack::StackSource;
 use crate::worker::Worker;
 
 /// Bytes of a descriptor reserved for the thread's result; larger results
@@ -31,10 +32,14 @@ pub(crate) const RESUMED: usize = 0;
 /// The value delivered to a task whose conditional suspension was cancelled.
 pub(crate) const CANCELLED: usize = 1;
 
-/// Starts an unstarted job as a thread on worker `w`: gives it a stack and
-/// returns the fresh context to switch to. The pointer is the job's closure.
+/// Starts an unstarted thread on worker `w`: gives it a stack (unless it has
+/// one), tells the switch hook it is entered, and returns the fresh context
+/// to switch to. The pointer is the thread's closure.
 pub(crate) type StartFn<C> =
     unsafe fn(&Worker<C>, TaskRef<C>, *const ()) -> Context<<C as Config>::Policy>;
+
+/// A stack handed out by `C`'s stack source.
+pub(crate) type StackOf<C> = <<C as Config>::Stacks as StackSource>::Stack;
 
 /// One user-level thread.
 #[repr(C, align(16))]
@@ -55,7 +60,9 @@ pub(crate) struct TaskDesc<C: Config> {
     pub(crate) start: Cell<Option<(StartFn<C>, *const ())>>,
     pub(crate) join: JoinState,
     /// The stack the thread runs on; released when it finishes.
-    pub(crate) stack: Cell<Option<NonNull<StackBlock>>>,
+    pub(crate) stack: Cell<Option<StackOf<C>>>,
+    /// The switch hook's word for this thread (0 when it starts).
+    pub(crate) hook_data: Cell<usize>,
     /// ULT-local storage, created on first use.
     pub(crate) locals: UnsafeCell<Option<Box<LocalMap>>>,
     /// Drops a result that was stored but never taken.
@@ -112,6 +119,7 @@ impl<C: Config> TaskDesc<C> {
             start: Cell::new(None),
             join: JoinState::new(),
             stack: Cell::new(None),
+            hook_data: Cell::new(0),
             locals: UnsafeCell::new(None),
             drop_packet: Cell::new(None),
             packet: UnsafeCell::new(MaybeUninit::uninit()),
@@ -122,6 +130,7 @@ impl<C: Config> TaskDesc<C> {
     pub(crate) fn reset(&self, runtime_id: usize) {
         self.runtime_id.set(runtime_id);
         self.join.reset();
+        self.hook_data.set(0);
         debug_assert!(self.stack.get().is_none());
         debug_assert!(self.drop_packet.get().is_none());
     }

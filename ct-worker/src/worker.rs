@@ -9,6 +9,15 @@
 //! thread therefore becomes visible to other workers only once nothing runs on
 //! its stack any more.
 //!
+//! The switch hook ([`SwitchHook`]) follows the same pattern: a worker tells
+//! it `entering` for the thread it is about to run before the switch (before
+//! anything touches that thread's stack: in [`Worker::ctx_of_taken`], in the
+//! start functions of unstarted threads, before a direct switch), and `left`
+//! for the thread it leaves in the ontop function, before that thread is
+//! published — so for each thread the calls alternate strictly, whichever
+//! workers they happen on. With [`NoHook`](crate::NoHook) every call is
+//! compiled out.
+//!
 //! A thread may resume on a different worker than the one it suspended on.
 //! Code must never keep a `&Worker` across a switch; it fetches the current
 //! worker again through [`current_base`], which is never inlined, so that the
@@ -19,21 +28,29 @@ use core::cell::{Cell, UnsafeCell};
 use core::ptr::{self, NonNull};
 use std::sync::Arc;
 
-use ct_context::{CondResult, Context, cond_swap_with, restore_with, save_with, swap_with};
+use ct_context::{
+    CondResult, Context, StackRegion, cond_swap_with, restore_with, save_with, swap_with,
+};
 
 use crate::aspect::Aspect;
 use crate::config::Config;
 use crate::deque::WorkerDeque;
+use crate::error::Result;
+use crate::hook::{LeaveReason, SwitchHook, UltThread};
 use crate::idle::{IdleHooks, IdleMode};
 use crate::local::LocalMap;
-use crate::pool::{LocalPool, PoolItem, StackBlock};
+use crate::pool::{LocalPool, PoolItem};
 use crate::remote_list::Linked;
 use crate::rng::Rng;
 use crate::runtime::Shared;
-use crate::task::{CANCELLED, RESUMED, TaskDesc, TaskRef};
+use crate::stack::StackSource;
+use crate::task::{CANCELLED, RESUMED, StackOf, TaskDesc, TaskRef};
 
 /// Where a thread keeps its ULT-locals.
 pub(crate) type LocalsCell = NonNull<UnsafeCell<Option<Box<LocalMap>>>>;
+
+/// A running thread's identity and hook word.
+pub(crate) type ThreadInfo = (usize, NonNull<Cell<usize>>);
 
 /// The configuration-independent head of every [`Worker`], which is what the
 /// thread-local pointer refers to.
@@ -45,6 +62,8 @@ pub(crate) struct WorkerBase {
     pub(crate) workers: usize,
     /// The ULT-local map of the running thread, if a thread runs.
     locals: unsafe fn(*const WorkerBase) -> Option<LocalsCell>,
+    /// The identity and hook word of the running thread, if a thread runs.
+    thread: unsafe fn(*const WorkerBase) -> Option<ThreadInfo>,
     /// Hooks to run when this worker runs out of runnable threads.
     pub(crate) idle_hooks: IdleHooks,
 }
@@ -84,6 +103,16 @@ pub(crate) fn current_idle_hooks<'a>() -> Option<&'a IdleHooks> {
     (!b.is_null()).then(|| unsafe { &(*b).idle_hooks })
 }
 
+/// Identity and hook word of the running user-level thread, if any.
+pub(crate) fn current_thread() -> Option<ThreadInfo> {
+    let b = current_base();
+    if b.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null base belongs to the live worker of this OS thread.
+    unsafe { ((*b).thread)(b) }
+}
+
 /// `(runtime id, worker index, worker count)` of the current worker.
 pub(crate) fn current_info() -> Option<(usize, usize, usize)> {
     let b = current_base();
@@ -113,7 +142,8 @@ pub(crate) struct Worker<C: Config> {
     sched_ctx: UnsafeCell<Option<Context<C::Policy>>>,
     rng: Rng,
     descs: UnsafeCell<LocalPool<TaskDesc<C>>>,
-    stacks: UnsafeCell<LocalPool<StackBlock>>,
+    /// This worker's state of the stack source.
+    stacks: UnsafeCell<<C::Stacks as StackSource>::Local>,
     /// Per other worker, a chain (first, last) of woken threads collected by
     /// [`Worker::push_home_batched`] and not yet pushed to its inbox.
     home_chains: UnsafeCell<Box<[Chain<C>]>>,
@@ -126,6 +156,14 @@ unsafe fn locals_of<C: Config>(b: *const WorkerBase) -> Option<LocalsCell> {
     // SAFETY: `b` heads a `Worker<C>` (the function is stored per config).
     let w = unsafe { &*(b as *const Worker<C>) };
     w.running.get().map(|t| NonNull::from(&t.desc().locals))
+}
+
+unsafe fn thread_of<C: Config>(b: *const WorkerBase) -> Option<ThreadInfo> {
+    // SAFETY: `b` heads a `Worker<C>` (the function is stored per config).
+    let w = unsafe { &*(b as *const Worker<C>) };
+    w.running
+        .get()
+        .map(|t| (t.word(), NonNull::from(&t.desc().hook_data)))
 }
 
 impl<C: Config> Worker<C> {
@@ -142,6 +180,7 @@ impl<C: Config> Worker<C> {
                 index,
                 workers: shared.workers,
                 locals: locals_of::<C>,
+                thread: thread_of::<C>,
                 idle_hooks: IdleHooks::new(),
             },
             index,
@@ -152,7 +191,7 @@ impl<C: Config> Worker<C> {
             sched_ctx: UnsafeCell::new(None),
             rng: Rng::new(index as u64 ^ (shared.id as u64) << 32),
             descs: UnsafeCell::new(LocalPool::new()),
-            stacks: UnsafeCell::new(LocalPool::new()),
+            stacks: UnsafeCell::new(shared.stacks.local(index)),
             home_chains: UnsafeCell::new(
                 vec![(ptr::null_mut(), ptr::null_mut()); shared.workers].into_boxed_slice(),
             ),
@@ -206,30 +245,13 @@ impl<C: Config> Worker<C> {
         d
     }
 
-    /// A stack for a new thread.
-    ///
-    /// # Panics
-    ///
-    /// Panics if no stack can be mapped.
+    /// A stack for a new thread, from the runtime's stack source.
     #[inline]
-    pub(crate) fn alloc_stack(&self) -> NonNull<StackBlock> {
-        // SAFETY: the local pool is only touched by this worker's OS thread.
-        match unsafe { (*self.stacks.get()).pop_local() } {
-            Some(s) => s,
-            None => self.alloc_stack_slow(),
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn alloc_stack_slow(&self) -> NonNull<StackBlock> {
-        // SAFETY: the local pool is only touched by this worker's OS thread.
+    pub(crate) fn alloc_stack(&self) -> Result<StackOf<C>> {
+        // SAFETY: the source's local state is only touched by this worker's
+        // OS thread, and not across this call.
         let local = unsafe { &mut *self.stacks.get() };
-        match local.take(self.shared.stacks.remote(self.index)) {
-            Some(s) => s,
-            None => StackBlock::create(self.shared.stack_size, self.index)
-                .unwrap_or_else(|e| panic!("ct-worker: cannot spawn a thread: {e}")),
-        }
+        self.shared.stacks.take(Some((self.index, local)))
     }
 
     /// Frees a finished thread's descriptor.
@@ -250,20 +272,21 @@ impl<C: Config> Worker<C> {
         }
     }
 
-    /// Frees a stack nothing runs on any more.
+    /// Gives a stack nothing runs on any more back to the stack source.
     ///
     /// # Safety
     ///
-    /// Nothing may run on `s` any more.
+    /// Nothing may run on `s` any more; `s` came from the source and is
+    /// given back once.
     #[inline]
-    pub(crate) unsafe fn free_stack(&self, s: NonNull<StackBlock>) {
-        if <StackBlock as PoolItem>::owner(s) == self.index {
-            // SAFETY: the local pool is only touched by this worker's thread.
-            unsafe { (*self.stacks.get()).put_local(s) };
-        } else {
-            // SAFETY: forwarded contract.
-            unsafe { self.shared.stacks.free(s, None) };
-        }
+    pub(crate) unsafe fn free_stack(&self, s: StackOf<C>) {
+        // SAFETY: the source's local state is only touched by this worker's
+        // OS thread; the stack is free (the contract).
+        unsafe {
+            self.shared
+                .stacks
+                .give_back(s, self.index, &mut *self.stacks.get())
+        };
     }
 
     /// Frees the pools' cached memory (worker shutdown).
@@ -271,8 +294,54 @@ impl<C: Config> Worker<C> {
         // SAFETY: only this worker's OS thread touches its pools.
         unsafe {
             (*self.descs.get()).clear();
-            (*self.stacks.get()).clear();
+            self.shared
+                .stacks
+                .clear_local(self.index, &mut *self.stacks.get());
         }
+    }
+
+    // --- switch hook -----------------------------------------------------
+
+    /// Tells the switch hook that `t` is about to run here on its stack.
+    /// Compiles to nothing without a hook.
+    #[inline(always)]
+    pub(crate) fn hook_entering(&self, t: TaskRef<C>) {
+        if <C::Hook as SwitchHook>::ACTIVE {
+            self.hook_entering_on(t, Self::region_of(t));
+        }
+    }
+
+    /// [`Worker::hook_entering`] for a thread about to run on `region`.
+    #[inline(always)]
+    fn hook_entering_on(&self, t: TaskRef<C>, region: StackRegion) {
+        if <C::Hook as SwitchHook>::ACTIVE {
+            let d = t.desc();
+            self.shared
+                .hook
+                .entering(self.index, UltThread::new(t.word(), &d.hook_data), region);
+        }
+    }
+
+    /// Tells the switch hook that `t` was switched away from, for `why`.
+    /// Compiles to nothing without a hook.
+    #[inline(always)]
+    fn hook_left(&self, t: TaskRef<C>, why: LeaveReason) {
+        if <C::Hook as SwitchHook>::ACTIVE {
+            let d = t.desc();
+            self.shared.hook.left(
+                self.index,
+                UltThread::new(t.word(), &d.hook_data),
+                Self::region_of(t),
+                why,
+            );
+        }
+    }
+
+    /// The stack region of a started thread.
+    #[inline(always)]
+    fn region_of(t: TaskRef<C>) -> StackRegion {
+        let s = t.desc().stack.get().expect("a started thread has a stack");
+        <C::Stacks as StackSource>::region(s)
     }
 
     // --- making threads runnable -------------------------------------------
@@ -316,20 +385,28 @@ impl<C: Config> Worker<C> {
         }
     }
 
-    /// The context to run a task taken from a deque: its saved context or,
-    /// for a `join`'s job that nobody has started, a new thread for it made
-    /// here (with a stack from this worker's pool).
+    /// The context to run a task taken from a deque, after telling the
+    /// switch hook that the task is entered: its saved context or, for a
+    /// thread that has not started (a `join`'s job that nobody has started,
+    /// or a thread spawned from outside the runtime), a new context made
+    /// here (for a job, on a stack from this worker's source).
     ///
     /// # Safety
     ///
-    /// The caller must have taken `t` from a deque (and so own its resumption).
+    /// The caller must have taken `t` from a deque (and so own its
+    /// resumption), and must switch to the context (or cancel the switch and
+    /// tell the hook so).
     #[inline]
     pub(crate) unsafe fn ctx_of_taken(&self, t: TaskRef<C>) -> Context<C::Policy> {
         match t.desc().start.take() {
-            // SAFETY: an unstarted job, ours to start (the contract).
+            // SAFETY: an unstarted thread, ours to start (the contract); the
+            // start function calls the hook once the thread has a stack.
             Some((start, data)) => unsafe { start(self, t, data) },
-            // SAFETY: as above, a suspended thread.
-            None => unsafe { t.desc().take_ctx() },
+            None => {
+                self.hook_entering(t);
+                // SAFETY: as above, a suspended thread.
+                unsafe { t.desc().take_ctx() }
+            }
         }
     }
 
@@ -524,21 +601,19 @@ impl<C: Config> Worker<C> {
     /// Must be called from the running thread of this worker; `child` must be
     /// a fresh descriptor whose stack is `stack`.
     #[inline]
-    pub(crate) unsafe fn suspend_to_new<F>(
-        &self,
-        child: TaskRef<C>,
-        stack: NonNull<StackBlock>,
-        body: F,
-    ) where
+    pub(crate) unsafe fn suspend_to_new<F>(&self, child: TaskRef<C>, stack: StackOf<C>, body: F)
+    where
         F: FnOnce() -> core::convert::Infallible,
     {
         let parent = self.running.get().expect("fork from a user-level thread");
-        let region = StackBlock::region(stack);
+        let region = <C::Stacks as StackSource>::region(stack);
+        self.hook_entering_on(child, region);
         // SAFETY: the child's stack is fresh; the ontop function publishes the
-        // parent only after its context is stored.
+        // parent only after its context is stored (and the hook told).
         unsafe {
             save_with::<C::Policy, _>(region, move |parent_ctx| {
                 parent.desc().set_ctx(parent_ctx);
+                self.hook_left(parent, LeaveReason::Suspended);
                 self.running.set(Some(child));
                 self.push(parent);
                 self.shared.aspect.fork(self.index);
@@ -548,15 +623,20 @@ impl<C: Config> Worker<C> {
     }
 
     /// Suspends the running thread, runs `publish(me)` once its context is
-    /// saved, and switches to the next runnable thread or the scheduler
-    /// (`suspend_to_sched`). `publish` must make the thread resumable by
-    /// someone (or the thread is lost).
+    /// saved (and the switch hook told it was left for `why`), and switches
+    /// to the next runnable thread or the scheduler (`suspend_to_sched`).
+    /// `publish` must make the thread resumable by someone (or the thread is
+    /// lost).
     ///
     /// # Safety
     ///
     /// Must be called from the running thread of this worker.
     #[inline]
-    pub(crate) unsafe fn suspend_to_sched(&self, publish: impl FnOnce(TaskRef<C>)) {
+    pub(crate) unsafe fn suspend_to_sched(
+        &self,
+        why: LeaveReason,
+        publish: impl FnOnce(TaskRef<C>),
+    ) {
         let me = self
             .running
             .get()
@@ -567,6 +647,7 @@ impl<C: Config> Worker<C> {
         unsafe {
             swap_with(next_ctx, move |my_ctx| {
                 me.desc().set_ctx(my_ctx);
+                self.hook_left(me, why);
                 self.running.set(next);
                 self.note_switch(next);
                 publish(me);
@@ -596,22 +677,29 @@ impl<C: Config> Worker<C> {
         let (next_ctx, next) = self.next_to_run();
         let raw = next_ctx.as_raw();
         // SAFETY: as in `suspend_to_sched`; on cancel, our context is dropped
-        // from the descriptor (the primitive resumes it itself).
+        // from the descriptor (the primitive resumes it itself). The hook
+        // hears that we left before `decide` can publish us, and that we are
+        // entered again before a cancelled switch returns to our stack.
         let r = unsafe {
             cond_swap_with(next_ctx, move |my_ctx| {
                 me.desc().set_ctx(my_ctx);
+                self.hook_left(me, LeaveReason::Blocked);
                 if decide(me) {
                     self.running.set(next);
                     self.note_switch(next);
                     CondResult::proceed(RESUMED)
                 } else {
                     let _ = me.desc().take_ctx();
+                    self.hook_entering(me);
                     CondResult::cancel(CANCELLED)
                 }
             })
         };
         if r == CANCELLED {
             // Still on the same worker: the switch never happened.
+            if let Some(t) = next {
+                self.hook_left(t, LeaveReason::Cancelled);
+            }
             // SAFETY: `raw` is the context `next_to_run` gave us, unresumed.
             unsafe { self.unpop(raw, next) };
             false
@@ -621,7 +709,8 @@ impl<C: Config> Worker<C> {
     }
 
     /// Suspends the running thread and switches straight to the suspended
-    /// thread `next` (`suspend_to_cont`), running `publish(me)` ontop.
+    /// thread `next` (`suspend_to_cont`), running `publish(me)` ontop (after
+    /// telling the switch hook the thread was left for `why`).
     ///
     /// # Safety
     ///
@@ -631,18 +720,21 @@ impl<C: Config> Worker<C> {
     pub(crate) unsafe fn suspend_to_cont(
         &self,
         next: TaskRef<C>,
+        why: LeaveReason,
         publish: impl FnOnce(TaskRef<C>),
     ) {
         let me = self
             .running
             .get()
             .expect("suspend from a user-level thread");
+        self.hook_entering(next);
         // SAFETY: per the contract.
         let next_ctx = unsafe { next.desc().take_ctx() };
         // SAFETY: as in `suspend_to_sched`.
         unsafe {
             swap_with(next_ctx, move |my_ctx| {
                 me.desc().set_ctx(my_ctx);
+                self.hook_left(me, why);
                 self.running.set(Some(next));
                 self.note_switch(Some(next));
                 publish(me);
@@ -670,6 +762,7 @@ impl<C: Config> Worker<C> {
             .running
             .get()
             .expect("suspend from a user-level thread");
+        self.hook_entering(next);
         // SAFETY: per the contract.
         let next_ctx = unsafe { next.desc().take_ctx() };
         let raw = next_ctx.as_raw();
@@ -677,17 +770,20 @@ impl<C: Config> Worker<C> {
         let r = unsafe {
             cond_swap_with(next_ctx, move |my_ctx| {
                 me.desc().set_ctx(my_ctx);
+                self.hook_left(me, LeaveReason::Blocked);
                 if decide(me) {
                     self.running.set(Some(next));
                     self.note_switch(Some(next));
                     CondResult::proceed(RESUMED)
                 } else {
                     let _ = me.desc().take_ctx();
+                    self.hook_entering(me);
                     CondResult::cancel(CANCELLED)
                 }
             })
         };
         if r == CANCELLED {
+            self.hook_left(next, LeaveReason::Cancelled);
             // SAFETY: `next` was not resumed; give its context back.
             unsafe { next.desc().set_ctx(Context::from_raw(raw)) };
             false
@@ -707,17 +803,19 @@ impl<C: Config> Worker<C> {
     /// its result stored and nothing left alive on its stack.
     pub(crate) unsafe fn exit(&self, me: TaskRef<C>) -> ! {
         let desc = me.desc();
-        let stack = desc.stack.take();
         if let Some(word) = desc.join.waiter().filter(|w| w & 1 == 0) {
             // A thread already waits to join us: switch straight to it.
             // SAFETY: a registered joiner cannot leave; we own its wake-up.
             let joiner = unsafe { TaskRef::<C>::from_word(word) };
+            self.hook_entering(joiner);
             // SAFETY: the joiner is suspended and ours to resume.
             let ctx = unsafe { joiner.desc().take_ctx() };
-            // SAFETY: we are off our stack in the ontop function.
+            // SAFETY: we are off our stack in the ontop function; our
+            // descriptor lives until the join state says finished.
             unsafe {
                 restore_with(ctx, move || {
-                    if let Some(s) = stack {
+                    self.hook_left(me, LeaveReason::Finished);
+                    if let Some(s) = me.desc().stack.take() {
                         self.free_stack(s);
                     }
                     me.desc().join.finish_for_waiter();
@@ -731,7 +829,8 @@ impl<C: Config> Worker<C> {
         // SAFETY: as above.
         unsafe {
             restore_with(next_ctx, move || {
-                if let Some(s) = stack {
+                self.hook_left(me, LeaveReason::Finished);
+                if let Some(s) = me.desc().stack.take() {
                     self.free_stack(s);
                 }
                 self.running.set(next);
@@ -756,7 +855,7 @@ impl<C: Config> Worker<C> {
     pub(crate) unsafe fn yield_running(&self) {
         // SAFETY: forwarded contract; the ontop function makes us runnable.
         unsafe {
-            self.suspend_to_sched(|me| {
+            self.suspend_to_sched(LeaveReason::Yielded, |me| {
                 self.shared.injector.push(me);
                 self.shared.sleep.notify_relaxed();
             })
@@ -764,6 +863,8 @@ impl<C: Config> Worker<C> {
     }
 
     /// Scheduler loop: runs thread `t` until control comes back (`execute`).
+    /// The switch hook hears of `t` being entered here, and of it being left
+    /// in the operation that ends its turn.
     ///
     /// # Safety
     ///
