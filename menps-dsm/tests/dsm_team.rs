@@ -1,6 +1,7 @@
-//! Multi-process tests of what teams of threads across processes use: the
-//! team barrier, keyed mutexes, and the process-wide DSM handle (shm
-//! backend).
+//! Multi-process tests of teams of threads across processes: fork–join on
+//! user-level threads with DSM call stacks, the team barrier, keyed
+//! mutexes, and the process-wide DSM handle (shm backend). The binary runs
+//! with the DSM's global allocator.
 //!
 //! Each test drives jobs of this binary (see `common/`): the job processes
 //! run [`job_entry`] with `MENPS_TEST_SCENARIO` naming the scenario.
@@ -9,8 +10,12 @@ use std::process::Command;
 
 use ct_worker::OsThreads;
 use menps_dsm::com::AnyCom;
-use menps_dsm::dsm::team::TeamBarrier;
-use menps_dsm::dsm::{Dsm, DsmError, process};
+use menps_dsm::dsm::allocator::is_dsm_pointer;
+use menps_dsm::dsm::team::{Team, TeamBarrier, TeamThread};
+use menps_dsm::dsm::{Dsm, DsmAllocator, DsmError, process};
+
+#[global_allocator]
+static ALLOC: DsmAllocator = DsmAllocator;
 
 mod common;
 use common::*;
@@ -50,6 +55,11 @@ fn job_entry() {
         "team_barrier" => team_barrier(&dsm),
         "keyed" => keyed(&dsm),
         "handle" => handle(&dsm),
+        "fork_main" => fork_main(&dsm),
+        "team_barrier_ult" => team_barrier_ult(&dsm),
+        "stack_intact" => stack_intact(&dsm),
+        "fork_errors" => fork_errors(&dsm),
+        "team_panic" => team_panic(&dsm),
         other => panic!("unknown scenario {other}"),
     }
     dsm.finalize().unwrap();
@@ -187,6 +197,232 @@ fn handle(dsm: &D) {
     dsm.barrier().unwrap();
 }
 
+/// `main` on rank 0 runs on a DSM stack, builds a `Vec<String>` (DSM heap)
+/// and a local array, forks a closure using both onto every process; each
+/// team thread checks the strings and writes its part of the array; `main`
+/// checks the array after the join.
+fn fork_main(dsm: &D) {
+    let team = Team::new(dsm, 1).unwrap();
+    const TPP: usize = 2;
+    let out = team
+        .run_main(|| {
+            let stacks = dsm.stacks().unwrap();
+            let mut local = [0u64; 64];
+            assert_eq!(
+                stacks.owner_of(local.as_ptr().cast()).map(|(r, _)| r),
+                Some(0),
+                "main runs on one of rank 0's DSM stacks"
+            );
+            let names: Vec<String> = (0..50).map(|i| format!("name {i}")).collect();
+            assert!(is_dsm_pointer(names.as_ptr().cast()));
+            assert!(names.iter().all(|s| is_dsm_pointer(s.as_ptr())));
+            let arr = local.as_mut_ptr() as usize;
+            let names_ref = &names;
+            let work = |t: &TeamThread<'_>| {
+                // Every thread reads main's strings (DSM heap) ...
+                for (i, s) in names_ref.iter().enumerate() {
+                    assert_eq!(s, &format!("name {i}"));
+                }
+                // ... runs on a DSM stack of its own process ...
+                let here = 0u8;
+                let (r, _) = t_owner(&here);
+                assert_eq!(r, t.rank());
+                // ... and writes its part of main's array.
+                let a = arr as *mut u64;
+                for k in (t.thread_num()..64).step_by(t.num_threads()) {
+                    // SAFETY: element k belongs to this thread.
+                    unsafe { a.add(k).write(1000 * t.rank() as u64 + k as u64) };
+                }
+            };
+            // SAFETY: the closure, `names` and `local` are in main's frame or
+            // the DSM heap; threads write disjoint elements.
+            unsafe { team.parallel(TPP, &work) }.unwrap();
+            let n = dsm.nprocs();
+            for (k, &v) in local.iter().enumerate() {
+                let writer_rank = (k % (n * TPP)) / TPP;
+                assert_eq!(v, 1000 * writer_rank as u64 + k as u64, "element {k}");
+            }
+            // A second fork sees the first one's results.
+            // Main's heap vector (DSM heap), one word per thread.
+            let mut sums = vec![0u64; dsm.nprocs()];
+            let sum_addr = sums.as_mut_ptr() as usize;
+            let check = |t: &TeamThread<'_>| {
+                let a = arr as *const u64;
+                // SAFETY: written by the previous fork, joined since.
+                let s: u64 = (0..64).map(|k| unsafe { a.add(k).read() }).sum();
+                // SAFETY: one word per thread of main's heap vector.
+                unsafe { (sum_addr as *mut u64).add(t.thread_num()).write(s) };
+            };
+            // SAFETY: as above.
+            unsafe { team.parallel(1, &check) }.unwrap();
+            let want: u64 = local.iter().sum();
+            assert_eq!(sums, vec![want; n]);
+            (team.forks(), want)
+        })
+        .unwrap();
+    match out {
+        Some((forks, _)) => {
+            assert_eq!(dsm.rank(), 0);
+            assert_eq!(forks, 2);
+        }
+        None => assert_ne!(dsm.rank(), 0),
+    }
+    drop(team);
+}
+
+/// The process holding the DSM stack slot of `x`.
+fn t_owner(x: &u8) -> (usize, usize) {
+    process::with(|d| d.stacks().unwrap().owner_of(x).expect("on a DSM stack")).unwrap()
+}
+
+/// 2 team threads per process through 10,000 team-barrier episodes inside
+/// one fork, with per-episode checks.
+fn team_barrier_ult(dsm: &D) {
+    let team = Team::new(dsm, 1).unwrap();
+    let slots = dsm.alloc_segment(2 * 4096, 4096).unwrap() as usize;
+    team.run_main(|| {
+        let work = |t: &TeamThread<'_>| {
+            let mut leaders = 0u64;
+            for e in 1..=EPISODES {
+                let buf = (slots + (e as usize % 2) * 4096) as *mut u64;
+                // SAFETY: this thread's slot of this parity.
+                unsafe { buf.add(t.thread_num()).write(e) };
+                if t.barrier().unwrap() {
+                    leaders += 1;
+                }
+                for k in 0..t.num_threads() {
+                    // SAFETY: written before the barrier, not rewritten
+                    // before the next one.
+                    let v = unsafe { buf.add(k).read() };
+                    assert_eq!(v, e, "episode {e}: thread {k} seen by {}", t.thread_num());
+                }
+            }
+            // Exactly one leader per process and episode: every thread adds
+            // its count to its process's word with a DSM atomic.
+            let counts = slots as *mut u64;
+            // SAFETY: word 1000 + rank of the segment, outside both buffers.
+            process::with(|d| d.fetch_add(unsafe { counts.add(1000 + t.rank()) }, leaders))
+                .unwrap()
+                .unwrap();
+        };
+        // SAFETY: the closure captures addresses of DSM segments only.
+        unsafe { team.parallel(THREADS, &work) }.unwrap();
+        for r in 0..dsm.nprocs() {
+            // SAFETY: written by the fork's atomics, joined.
+            let leaders = unsafe { (slots as *const u64).add(1000 + r).read() };
+            assert_eq!(leaders, EPISODES, "leaders of rank {r}");
+        }
+    })
+    .unwrap();
+}
+
+/// A thread that blocks (parks in the team barrier and yields), letting the
+/// other thread of its worker run and use its own stack heavily, resumes
+/// with its stack intact.
+fn stack_intact(dsm: &D) {
+    let team = Team::new(dsm, 1).unwrap();
+    team.run_main(|| {
+        let work = |t: &TeamThread<'_>| {
+            let seed = t.thread_num() as u64 * 7919 + 1;
+            let mut mine = [0u64; 2048];
+            for (i, x) in mine.iter_mut().enumerate() {
+                *x = seed.wrapping_mul(i as u64 + 1);
+            }
+            for round in 0..50u64 {
+                // Parks (the barrier) and yields: the other thread of this
+                // worker runs meanwhile, on its own stack.
+                t.barrier().unwrap();
+                ct_worker::yield_now_in::<menps_dsm::dsm::team::TeamConfig>();
+                for (i, x) in mine.iter_mut().enumerate() {
+                    assert_eq!(
+                        *x,
+                        seed.wrapping_mul(i as u64 + 1).wrapping_add(round),
+                        "thread {} round {round} word {i}",
+                        t.thread_num()
+                    );
+                    *x = x.wrapping_add(1);
+                }
+                std::hint::black_box(&mut mine);
+            }
+        };
+        // SAFETY: the closure captures nothing.
+        unsafe { team.parallel(3, &work) }.unwrap();
+    })
+    .unwrap();
+}
+
+/// A team thread of the last process panics while the others wait at a
+/// team barrier: its process ends with a message, the others fail with a
+/// dead peer; nobody hangs.
+fn team_panic(dsm: &D) {
+    let team = Team::new(dsm, 1).unwrap();
+    let r = team.run_main(|| {
+        let work = |t: &TeamThread<'_>| {
+            if t.thread_num() == t.num_threads() - 1 {
+                panic!("team thread {} gives up", t.thread_num());
+            }
+            let e = t.barrier().unwrap_err();
+            eprintln!("rank {}: barrier failed: {e}", t.rank());
+            std::process::exit(1);
+        };
+        // SAFETY: the closure captures nothing.
+        unsafe { team.parallel(2, &work) }
+    });
+    eprintln!("rank {}: unexpected end: {r:?}", dsm.rank());
+    std::process::exit(1);
+}
+
+/// This process's team, for `fork_errors`' nested fork.
+static TEAM: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Forks from the wrong place and with bad counts are clear errors, in
+/// every process, and the team goes on working.
+fn fork_errors(dsm: &D) {
+    let team = Team::new(dsm, 1).unwrap();
+    TEAM.store(
+        &team as *const _ as usize,
+        std::sync::atomic::Ordering::Release,
+    );
+    fn nothing(_: &TeamThread<'_>, _: *mut u8) {}
+    // Before run_main ("before start-up").
+    // SAFETY: `nothing` touches no data.
+    let e = unsafe { team.fork(1, nothing, core::ptr::null_mut()) }.unwrap_err();
+    assert!(
+        e.to_string().contains("called from the main function"),
+        "{e}"
+    );
+    let done = team
+        .run_main(|| {
+            // SAFETY: as above.
+            let e = unsafe { team.fork(0, nothing, core::ptr::null_mut()) }.unwrap_err();
+            assert!(e.to_string().contains("team threads per process"), "{e}");
+            // SAFETY: as above.
+            let e = unsafe { team.fork(1000, nothing, core::ptr::null_mut()) }.unwrap_err();
+            assert!(e.to_string().contains("MENPS_DSM_STACKS"), "{e}");
+            // From a team thread (nested): each process reaches its own team
+            // through a static.
+            let nested = |_: &TeamThread<'_>| {
+                let team = TEAM.load(std::sync::atomic::Ordering::Acquire) as *const Team<'_, _, _>;
+                // SAFETY: this process's team, alive until run_main returns.
+                let team: &Team<'_, AnyCom<OsThreads>, OsThreads> = unsafe { &*team };
+                // SAFETY: `nothing` touches no data.
+                let e = unsafe { team.fork(1, nothing, core::ptr::null_mut()) }.unwrap_err();
+                assert!(
+                    e.to_string()
+                        .contains("not before run_main, nor from a team thread")
+                );
+            };
+            // SAFETY: the closure captures nothing.
+            unsafe { team.parallel(2, &nested) }.unwrap();
+            // Still working.
+            // SAFETY: as above.
+            unsafe { team.fork(2, nothing, core::ptr::null_mut()) }.unwrap();
+            true
+        })
+        .unwrap();
+    assert_eq!(done.is_some(), dsm.rank() == 0);
+}
+
 // ---------------------------------------------------------------------------
 // The driver side.
 
@@ -196,7 +432,7 @@ fn run(scenario: &str, procs: &[usize]) {
         entry_args(&mut cmd);
         cmd.env(SCENARIO, scenario)
             .env("MENPS_NPROCS", n.to_string())
-            .env("MENPS_DSM_HEAP_SIZE", "16M");
+            .env("MENPS_DSM_HEAP_SIZE", "64M");
         let tag = new_tag(scenario);
         let run = drive(cmd, &tag, |_, _| false);
         let what = format!("{scenario} with {n} processes");
@@ -213,6 +449,45 @@ fn team_barrier_10k_episodes_2_threads_per_process() {
 #[test]
 fn keyed_mutexes_are_the_same_everywhere() {
     run("keyed", &[2, 3]);
+}
+
+#[test]
+fn fork_join_main_on_a_dsm_stack_with_heap_and_stack_data() {
+    run("fork_main", &[2, 4]);
+}
+
+#[test]
+fn team_barrier_10k_episodes_2_team_threads_per_process() {
+    run("team_barrier_ult", &[2]);
+}
+
+#[test]
+fn blocked_thread_resumes_with_its_stack_intact() {
+    run("stack_intact", &[2]);
+}
+
+#[test]
+fn forks_from_the_wrong_place_are_errors() {
+    run("fork_errors", &[2]);
+}
+
+#[test]
+fn a_panicking_team_thread_fails_the_job_without_hanging() {
+    for n in [2, 3] {
+        let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
+        entry_args(&mut cmd);
+        cmd.env(SCENARIO, "team_panic")
+            .env("MENPS_NPROCS", n.to_string())
+            .env("MENPS_DSM_HEAP_SIZE", "64M");
+        let run = drive(cmd, &new_tag("team_panic"), |_, _| false);
+        assert!(!run.status.success(), "{}", run.dump());
+        assert!(
+            run.stderr.contains("gives up") && run.stderr.contains("panicked: ending the process"),
+            "{}",
+            run.dump()
+        );
+        assert!(!run.stderr.contains("unexpected end"), "{}", run.dump());
+    }
 }
 
 #[test]

@@ -15,7 +15,11 @@
 //! on a DSM stack), or inside [`in_dsm_context`]. The DSM runtime's own work
 //! (fault resolution, barriers, locks, the heap itself) always uses the
 //! system allocator, even on a DSM stack. Before the DSM starts and after it
-//! ends, everything comes from the system allocator.
+//! ends, everything comes from the system allocator. A user-level thread
+//! keeps that context (runtime depth, [`in_dsm_context`] depth) in the low 32
+//! bits of its ct-worker hook word ([`ct_worker::current_thread_data`]), so
+//! it follows the thread to whichever worker resumes it: a switch hook of a
+//! runtime whose threads use the DSM must leave those bits alone.
 //!
 //! - **Freeing** follows the pointer, not the thread: DSM memory goes back
 //!   to the DSM heap from any thread of any process (a `Vec` built on rank
@@ -92,32 +96,57 @@ pub(crate) fn new_generation() {
     GENERATION.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Per-thread state.
-struct Local {
-    /// > 0: runtime code runs (allocations go to the system allocator).
-    runtime: Cell<u32>,
-    /// > 0: inside [`in_dsm_context`].
-    forced: Cell<u32>,
-}
+// The allocation context of the running code: how deep it is in DSM
+// runtime code (bits 0..16; > 0: system allocator) and in `in_dsm_context`
+// (bits 16..32). A user-level thread keeps it in the low 32 bits of its
+// ct-worker hook word (it may resume on another OS thread in the middle of
+// either); other code in a thread-local.
+const RUNTIME_ONE: usize = 1;
+const FORCED_ONE: usize = 1 << 16;
+const RUNTIME_MASK: usize = 0xffff;
+const FORCED_MASK: usize = 0xffff << 16;
 
 thread_local! {
-    static LOCAL: Local = const {
-        Local {
-            runtime: Cell::new(0),
-            forced: Cell::new(0),
-        }
-    };
+    static OS_CONTEXT: Cell<usize> = const { Cell::new(0) };
     static CACHE: CacheCell = const { CacheCell(UnsafeCell::new(Cache::EMPTY)) };
 }
 
-/// Marks runtime code on this thread while it lives.
+/// The context word of the running code.
+#[inline]
+fn context() -> usize {
+    match ct_worker::current_thread_data() {
+        Some(d) => d,
+        None => OS_CONTEXT.try_with(Cell::get).unwrap_or(0),
+    }
+}
+
+/// Adds `delta` to the context word of the running code (wrapping: a
+/// matching subtraction follows).
+#[inline]
+fn context_add(delta: usize, add: bool) {
+    let f = |v: usize| {
+        if add {
+            v.wrapping_add(delta)
+        } else {
+            v.wrapping_sub(delta)
+        }
+    };
+    if let Some(d) = ct_worker::current_thread_data() {
+        ct_worker::set_current_thread_data(f(d));
+    } else {
+        let _ = OS_CONTEXT.try_with(|c| c.set(f(c.get())));
+    }
+}
+
+/// Marks runtime code while it lives (in the running user-level thread,
+/// wherever it resumes, or in the OS thread).
 pub(crate) struct RuntimeGuard(());
 
 impl RuntimeGuard {
     /// Enters runtime code.
     #[inline]
     pub(crate) fn enter() -> Self {
-        let _ = LOCAL.try_with(|l| l.runtime.set(l.runtime.get() + 1));
+        context_add(RUNTIME_ONE, true);
         RuntimeGuard(())
     }
 }
@@ -125,28 +154,30 @@ impl RuntimeGuard {
 impl Drop for RuntimeGuard {
     #[inline]
     fn drop(&mut self) {
-        let _ = LOCAL.try_with(|l| l.runtime.set(l.runtime.get() - 1));
+        context_add(RUNTIME_ONE, false);
     }
 }
 
-/// Runs `f` with this thread's allocations served from the DSM heap (when
-/// a DSM runs), as if it ran on a DSM stack. For threads that run DSM code
-/// without being user-level threads on DSM stacks (tests, a program's own
-/// OS threads).
+/// Runs `f` with the caller's allocations served from the DSM heap (when a
+/// DSM runs), as if it ran on a DSM stack: for code that runs DSM work
+/// without being a user-level thread on a DSM stack (a program's own OS
+/// threads, tests). Nests; holds for the running user-level thread wherever
+/// it resumes.
 pub fn in_dsm_context<R>(f: impl FnOnce() -> R) -> R {
     struct Leave;
     impl Drop for Leave {
         fn drop(&mut self) {
-            let _ = LOCAL.try_with(|l| l.forced.set(l.forced.get() - 1));
+            context_add(FORCED_ONE, false);
         }
     }
-    let _ = LOCAL.try_with(|l| l.forced.set(l.forced.get() + 1));
+    context_add(FORCED_ONE, true);
     let _leave = Leave;
     f()
 }
 
-/// Whether an allocation made now by this thread would come from the DSM
-/// heap (if a DSM runs).
+/// Whether an allocation made now by the running code would come from the
+/// DSM heap (if a DSM runs): it runs on a DSM call stack or inside
+/// [`in_dsm_context`], and not inside the DSM runtime.
 #[inline]
 pub fn is_dsm_context() -> bool {
     let sp: usize;
@@ -155,9 +186,8 @@ pub fn is_dsm_context() -> bool {
         core::arch::asm!("mov {}, rsp", out(reg) sp, options(nomem, nostack, preserves_flags))
     };
     let on_dsm_stack = sp.wrapping_sub(STACKS_LO) < SEG_SLOT;
-    LOCAL
-        .try_with(|l| l.runtime.get() == 0 && (on_dsm_stack || l.forced.get() > 0))
-        .unwrap_or(false)
+    let c = context();
+    c & RUNTIME_MASK == 0 && (on_dsm_stack || c & FORCED_MASK != 0)
 }
 
 /// Whether `p` points into the DSM heap.

@@ -1,0 +1,427 @@
+//! Fork–join across processes (MEOMP's execution model, Endo 2020 §3.6).
+
+use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use ct_context::DefaultPolicy;
+use ct_worker::{ChaseLev, Config, NoAspect, Runtime, Ult, UltItf};
+
+use crate::com::{Communicator, Source, Tag};
+use crate::dsm::Dsm;
+use crate::dsm::error::{DsmError, DsmResult};
+use crate::dsm::space::DSM_TAG_BIT;
+
+use super::TeamBarrier;
+use super::stacks::{DsmStacks, PinHook};
+
+/// The configuration of a team's runtime: ct-worker's default scheduler
+/// with stacks from the DSM's stack region, pinned while they run.
+#[derive(Debug)]
+pub struct TeamConfig;
+
+impl Config for TeamConfig {
+    type Policy = DefaultPolicy;
+    type Deque<T: Send + 'static> = ChaseLev<T>;
+    type Aspect = NoAspect;
+    type Stacks = DsmStacks;
+    type Hook = PinHook;
+}
+
+/// The user-level threads of a team's runtime.
+pub type TeamUlt = Ult<TeamConfig>;
+
+/// Tag of the team's commands (rank 0 to the others): the last tag of the
+/// range of DSM mutex hand-offs, far above any mutex id.
+const TEAM_TAG: Tag = DSM_TAG_BIT | 0x7fff_fff0;
+const CMD_FORK: u64 = 1;
+const CMD_EXIT: u64 = 2;
+/// Hook-word bit of the thread running the team's `main` (the allocator
+/// uses the low 32 bits).
+const MAIN_MARK: usize = 1 << 32;
+
+/// A function forked onto the team: called once per team thread with the
+/// thread's view of the team and the fork's data pointer.
+pub type TeamFn = unsafe fn(&TeamThread<'_>, *mut u8);
+
+/// What a team barrier offers a team thread, type-erased.
+trait TeamSync: Sync {
+    fn wait(&self) -> DsmResult<bool>;
+}
+
+impl<C: Communicator + 'static, U: UltItf, T: UltItf> TeamSync for TeamBarrier<'_, C, U, T> {
+    fn wait(&self) -> DsmResult<bool> {
+        TeamBarrier::wait(self)
+    }
+}
+
+/// One thread of a forked team, as the forked function sees it.
+pub struct TeamThread<'a> {
+    thread_num: usize,
+    num_threads: usize,
+    local_num: usize,
+    threads_here: usize,
+    rank: usize,
+    nprocs: usize,
+    barrier: &'a dyn TeamSync,
+}
+
+impl TeamThread<'_> {
+    /// This thread's number in the team, `0 .. num_threads()`: process
+    /// `rank` has threads `rank · threads_here() ..`; thread 0 is rank 0's
+    /// `main`.
+    pub fn thread_num(&self) -> usize {
+        self.thread_num
+    }
+
+    /// Threads in the team (all processes).
+    pub fn num_threads(&self) -> usize {
+        self.num_threads
+    }
+
+    /// This thread's number among the team threads of its process.
+    pub fn local_num(&self) -> usize {
+        self.local_num
+    }
+
+    /// Team threads per process.
+    pub fn threads_here(&self) -> usize {
+        self.threads_here
+    }
+
+    /// This process's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of processes.
+    pub fn nprocs(&self) -> usize {
+        self.nprocs
+    }
+
+    /// The team barrier: returns once every thread of the team has called
+    /// it; every write made before it by any team thread is visible after
+    /// it. `Ok(true)` in one thread per process.
+    pub fn barrier(&self) -> DsmResult<bool> {
+        self.barrier.wait()
+    }
+}
+
+impl core::fmt::Debug for TeamThread<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("TeamThread")
+            .field("thread_num", &self.thread_num)
+            .field("num_threads", &self.num_threads)
+            .field("rank", &self.rank)
+            .finish()
+    }
+}
+
+/// Fork–join across the processes of a DSM, on user-level threads whose
+/// call stacks live in the DSM.
+///
+/// Every process creates a `Team` over its [`Dsm`] and calls
+/// [`Team::run_main`]. On process 0 the `main` closure runs as a user-level
+/// thread on a DSM call stack; the other processes wait (asleep, not
+/// spinning) for its commands. From `main`, [`Team::fork`] (or
+/// [`Team::parallel`]) starts a function on `threads_per_process` user-level
+/// threads in **every** process — on process 0, `main` itself is team
+/// thread 0 — and returns when all have finished. Because stacks, heap and
+/// globals are DSM memory at the same address everywhere, the function may
+/// use pointers into `main`'s frame: a local array of `main`, a `Vec` built
+/// by `main` with the [`DsmAllocator`](crate::dsm::DsmAllocator).
+///
+/// A fork costs one DSM barrier before the threads start (it publishes what
+/// `main` wrote) and one after they end (it publishes what they wrote);
+/// [`TeamThread::barrier`] inside costs one DSM barrier per process.
+///
+/// A team thread that panics ends its process (status 101) with a message:
+/// the other threads of the team could never pass their next barrier. The
+/// other processes then fail with [`DsmError::Com`] (a dead peer).
+pub struct Team<'d, C: Communicator + 'static, U: UltItf> {
+    dsm: &'d Dsm<C, U>,
+    rt: Runtime<TeamConfig>,
+    running: AtomicBool,
+    /// A fork runs (on process 0: `main` is team thread 0).
+    forking: AtomicBool,
+    forks: AtomicU64,
+}
+
+impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
+    /// A team runtime of `workers` worker OS threads in this process (not
+    /// collective). Its threads take their stacks from the DSM's stack
+    /// region ([`Dsm::stacks`]), so at most `stacks_per_process` of them
+    /// (`MENPS_DSM_STACKS`) can exist at once in a process, `main` included.
+    pub fn new(dsm: &'d Dsm<C, U>, workers: usize) -> DsmResult<Self> {
+        let stacks = dsm.stacks().ok_or_else(|| {
+            DsmError::Config(
+                "the DSM has no stack region (MENPS_DSM_STACKS is 0): a team needs one".into(),
+            )
+        })?;
+        // SAFETY: the team borrows `dsm` for 'd and owns the runtime, which
+        // it stops (drops) before the borrow ends; the stack region and the
+        // space live as long as the `Dsm`.
+        let (source, hook) = unsafe { (DsmStacks::new(stacks), PinHook::new(dsm.space)) };
+        let rt = Runtime::builder()
+            .workers(workers)
+            .stack_size(stacks.slot_size())
+            .thread_name("menps-team")
+            .stack_source(source)
+            .switch_hook(hook)
+            .build_with::<TeamConfig>()
+            .map_err(|e| DsmError::Config(format!("cannot start the team runtime: {e}")))?;
+        Ok(Team {
+            dsm,
+            rt,
+            running: AtomicBool::new(false),
+            forking: AtomicBool::new(false),
+            forks: AtomicU64::new(0),
+        })
+    }
+
+    /// The DSM of the team.
+    pub fn dsm(&self) -> &'d Dsm<C, U> {
+        self.dsm
+    }
+
+    /// Worker OS threads of this process's team runtime.
+    pub fn workers(&self) -> usize {
+        self.rt.num_workers()
+    }
+
+    /// Forks started so far (on process 0; forks served elsewhere).
+    pub fn forks(&self) -> u64 {
+        self.forks.load(Ordering::Relaxed)
+    }
+
+    /// Collectively runs the program: `main` as a user-level thread on a DSM
+    /// call stack on process 0, which returns `Some(main's value)`; the
+    /// other processes serve its forks until it returns, and get `None`.
+    /// Ends with a DSM barrier, so what `main` wrote is visible everywhere.
+    ///
+    /// A panic in `main` is re-raised on process 0 after the other processes
+    /// were told to stop.
+    pub fn run_main<R: Send>(&self, main: impl FnOnce() -> R + Send) -> DsmResult<Option<R>> {
+        self.check_code_addresses()?;
+        if self.running.swap(true, Ordering::AcqRel) {
+            return Err(DsmError::Misuse("Team::run_main is already running".into()));
+        }
+        let r = self.run_main_inner(main);
+        self.running.store(false, Ordering::Release);
+        let r = r?;
+        self.dsm.barrier()?;
+        Ok(r)
+    }
+
+    fn run_main_inner<R: Send>(&self, main: impl FnOnce() -> R + Send) -> DsmResult<Option<R>> {
+        if self.dsm.rank() != 0 {
+            self.rt
+                .try_block_on(|| self.serve())
+                .map_err(|e| DsmError::Config(format!("cannot start the team's thread: {e}")))??;
+            return Ok(None);
+        }
+        let out = self
+            .rt
+            .try_block_on(|| {
+                let d = ct_worker::current_thread_data().unwrap_or(0);
+                ct_worker::set_current_thread_data(d | MAIN_MARK);
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(main));
+                let d = ct_worker::current_thread_data().unwrap_or(0);
+                ct_worker::set_current_thread_data(d & !MAIN_MARK);
+                r
+            })
+            .map_err(|e| DsmError::Config(format!("cannot start the team's main: {e}")))?;
+        let stopped = self.command([CMD_EXIT, 0, 0, 0]);
+        match out {
+            Ok(v) => stopped.map(|()| Some(v)),
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+
+    /// Function pointers go from process 0 to the others: every process must
+    /// run the same binary at the same addresses.
+    fn check_code_addresses(&self) -> DsmResult<()> {
+        let f: fn(&Self) -> DsmResult<()> = Self::check_code_addresses;
+        let mine = (f as usize as u64).to_le_bytes();
+        let all = self.dsm.com().allgather(&mine)?;
+        if all.chunks_exact(8).any(|c| c != mine) {
+            return Err(DsmError::Config(
+                "code addresses differ between the processes (address-space randomisation is \
+                 on, or they run different binaries): functions cannot be forked"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The loop of the processes other than 0: runs forks until `main` ends.
+    fn serve(&self) -> DsmResult<()> {
+        loop {
+            let (_, msg) = self.dsm.com().recv(Source::Rank(0), TEAM_TAG)?;
+            let w: Vec<u64> = msg
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            match w.as_slice() {
+                [CMD_FORK, f, data, tpp] => {
+                    // SAFETY: process 0 sent the address of a `TeamFn` of
+                    // this binary (same code addresses, checked by
+                    // `run_main`) with the data pointer and thread count its
+                    // `fork` caller vouched for.
+                    let f: TeamFn = unsafe { core::mem::transmute::<usize, TeamFn>(*f as usize) };
+                    self.execute(f, *data as usize, *tpp as usize)?;
+                }
+                [CMD_EXIT, ..] => return Ok(()),
+                _ => {
+                    return Err(DsmError::Misuse(format!(
+                        "a corrupt team command from process 0: {w:?}"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Sends a command to every other process.
+    fn command(&self, w: [u64; 4]) -> DsmResult<()> {
+        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        for p in 1..self.dsm.nprocs() {
+            self.dsm.com().send(p, TEAM_TAG, &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Starts `f(thread, data)` on `threads_per_process` user-level threads
+    /// in every process (on process 0, the calling `main` is team thread 0)
+    /// and returns once all have returned, their writes visible to `main`.
+    ///
+    /// Only `main` of [`Team::run_main`] on process 0 may fork (a fork from
+    /// anywhere else — before `run_main`, from a team thread — is an
+    /// error). `threads_per_process` is at least 1 and, with `main` or the
+    /// serving thread, must fit the process's stack slots.
+    ///
+    /// # Safety
+    ///
+    /// `f` runs in every process with the same `data`: `data` (and whatever
+    /// `f` reaches through it) must be valid in every process — DSM memory
+    /// (`main`'s stack, the DSM heap, DSM globals, adopted ranges) or
+    /// immutable statics — and `f` must access it data-race-free under the
+    /// DSM's rules (synchronising through [`TeamThread::barrier`], DSM
+    /// mutexes or atomics).
+    pub unsafe fn fork(
+        &self,
+        threads_per_process: usize,
+        f: TeamFn,
+        data: *mut u8,
+    ) -> DsmResult<()> {
+        let in_main = self.dsm.rank() == 0
+            && self.running.load(Ordering::Acquire)
+            && !self.forking.load(Ordering::Acquire)
+            && ct_worker::current_thread_data().is_some_and(|d| d & MAIN_MARK != 0);
+        if !in_main {
+            return Err(DsmError::Misuse(
+                "Team::fork is called from the main function given to Team::run_main, on \
+                 process 0 (not before run_main, nor from a team thread)"
+                    .into(),
+            ));
+        }
+        let slots = self.dsm.stacks().map_or(0, |s| s.slots_per_process());
+        if threads_per_process == 0 || threads_per_process >= slots {
+            return Err(DsmError::InvalidArgument(format!(
+                "{threads_per_process} team threads per process: use 1 .. {} (one stack slot \
+                 is main's; raise MENPS_DSM_STACKS for more)",
+                slots.saturating_sub(1)
+            )));
+        }
+        self.forks.fetch_add(1, Ordering::Relaxed);
+        self.command([
+            CMD_FORK,
+            f as usize as u64,
+            data as u64,
+            threads_per_process as u64,
+        ])?;
+        self.forking.store(true, Ordering::Release);
+        let r = self.execute(f, data as usize, threads_per_process);
+        self.forking.store(false, Ordering::Release);
+        r
+    }
+
+    /// [`Team::fork`] of a closure: `f(thread)` runs on every team thread.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Team::fork`], with `f`'s captures as `data`: the closure
+    /// lives in `main`'s frame (DSM memory) and everything it captures must
+    /// be valid in every process.
+    pub unsafe fn parallel<F>(&self, threads_per_process: usize, f: &F) -> DsmResult<()>
+    where
+        F: Fn(&TeamThread<'_>) + Sync,
+    {
+        unsafe fn call<F: Fn(&TeamThread<'_>) + Sync>(t: &TeamThread<'_>, data: *mut u8) {
+            // SAFETY: `data` is the `&F` that `parallel` passed, alive until
+            // the fork returns (it is joined before `parallel` returns).
+            let f = unsafe { &*data.cast::<F>() };
+            f(t)
+        }
+        // SAFETY: forwarded contract.
+        unsafe {
+            self.fork(
+                threads_per_process,
+                call::<F>,
+                (f as *const F).cast_mut().cast(),
+            )
+        }
+    }
+
+    /// Runs one fork in this process: a DSM barrier (process 0's writes so
+    /// far become visible), the team threads, a DSM barrier.
+    fn execute(&self, f: TeamFn, data: usize, tpp: usize) -> DsmResult<()> {
+        let dsm = self.dsm;
+        dsm.barrier()?;
+        let barrier: TeamBarrier<'_, C, U, TeamUlt> = TeamBarrier::new(dsm, tpp);
+        let (rank, nprocs) = (dsm.rank(), dsm.nprocs());
+        let thread = |local: usize| TeamThread {
+            thread_num: rank * tpp + local,
+            num_threads: nprocs * tpp,
+            local_num: local,
+            threads_here: tpp,
+            rank,
+            nprocs,
+            barrier: &barrier,
+        };
+        ct_worker::scope_in::<TeamConfig, _, _>(|s| {
+            for local in 1..tpp {
+                let thread = &thread;
+                s.spawn(move || run_team_thread(f, &thread(local), data));
+            }
+            run_team_thread(f, &thread(0), data);
+        });
+        dsm.barrier()
+    }
+}
+
+/// Runs one team thread. A panic cannot be recovered from (the other
+/// threads of the team, in every process, would wait for this one at their
+/// next barrier forever): it ends the process, whose death the other
+/// processes then see as a failed peer.
+fn run_team_thread(f: TeamFn, t: &TeamThread<'_>, data: usize) {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: the `fork` caller's contract.
+        unsafe { f(t, data as *mut u8) }
+    }));
+    if r.is_err() {
+        eprintln!(
+            "menps-dsm: team thread {} (process {}) panicked: ending the process",
+            t.thread_num, t.rank
+        );
+        // SAFETY: ends the process at once; other threads may be blocked
+        // in DSM waits that would never end.
+        unsafe { libc::_exit(101) };
+    }
+}
+
+impl<C: Communicator + 'static, U: UltItf> core::fmt::Debug for Team<'_, C, U> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Team")
+            .field("rank", &self.dsm.rank())
+            .field("workers", &self.workers())
+            .finish()
+    }
+}

@@ -1,0 +1,169 @@
+//! The team runtime's stack source and switch hook: user-level threads run
+//! on call stacks of the DSM's stack region, pinned while they run.
+
+use ct_context::StackRegion;
+use ct_worker::{Error, LeaveReason, StackSource, SwitchHook, UltThread};
+
+use crate::dsm::error::{DsmError, DsmResult};
+use crate::dsm::memory::SlotRegion;
+
+/// Hands out the slots of the DSM's stack region (this process's share) as
+/// user-level thread stacks.
+#[derive(Debug)]
+pub struct DsmStacks {
+    /// The stack region of the DSM (owned by the `Dsm`, which outlives every
+    /// runtime built on it: a `Team` borrows the `Dsm`).
+    slots: *const SlotRegion,
+}
+
+// SAFETY: `SlotRegion` is `Sync` (its free list is behind a mutex); the
+// pointer is valid while the team runtime lives (see `slots`).
+unsafe impl Send for DsmStacks {}
+// SAFETY: as above.
+unsafe impl Sync for DsmStacks {}
+
+impl DsmStacks {
+    /// A source over `slots`.
+    ///
+    /// # Safety
+    ///
+    /// `slots` must outlive the runtime the source is given to, and every
+    /// stack the runtime took must be given back or abandoned before the
+    /// region's memory goes away.
+    pub(crate) unsafe fn new(slots: &SlotRegion) -> Self {
+        DsmStacks { slots }
+    }
+
+    fn slots(&self) -> &SlotRegion {
+        // SAFETY: valid while the runtime lives (`new`'s contract).
+        unsafe { &*self.slots }
+    }
+}
+
+/// A stack error for ct-worker.
+fn stack_error(e: DsmError) -> Error {
+    Error::StackSource(Box::new(e))
+}
+
+// SAFETY: a handed-out region is one slot of the stack region, which is DSM
+// memory mapped read-write while pinned (the switch hook pins a stack before
+// anything touches it); a taken slot is nobody else's until given back
+// (`SlotRegion`), and the slot's memory stays mapped for the DSM's life.
+unsafe impl StackSource for DsmStacks {
+    type Stack = StackRegion;
+    type Local = ();
+
+    fn init(&mut self, stack_size: usize, _workers: usize) -> ct_worker::Result<()> {
+        let slot = self.slots().slot_size();
+        if stack_size > slot {
+            return Err(stack_error(DsmError::Config(format!(
+                "user-level threads need stacks of {stack_size} bytes, the DSM's are {slot} \
+                 bytes (MENPS_DSM_STACK_SIZE)"
+            ))));
+        }
+        Ok(())
+    }
+
+    fn local(&self, _worker: usize) {}
+
+    fn take(&self, _at: Option<(usize, &mut ())>) -> ct_worker::Result<StackRegion> {
+        let s = self.slots();
+        let p = s.take().map_err(stack_error)? as usize;
+        StackRegion::new(p, p + s.slot_size())
+            .ok_or_else(|| stack_error(DsmError::Misuse("an empty stack slot".into())))
+    }
+
+    unsafe fn give_back(&self, stack: StackRegion, _worker: usize, _local: &mut ()) {
+        // Only fails for a slot that was not taken: a bug of the runtime.
+        if let Err(e) = self.slots().give_back(stack.bottom() as *mut u8) {
+            fatal(&e);
+        }
+    }
+
+    fn region(stack: StackRegion) -> StackRegion {
+        stack
+    }
+}
+
+/// What the switch hook needs from the DSM (type-erased).
+pub(crate) trait StackPinner: Sync {
+    /// Pins `[addr, addr + len)`.
+    fn pin_stack(&self, addr: usize, len: usize) -> DsmResult<()>;
+    /// Unpins `[addr, addr + len)`.
+    fn unpin_stack(&self, addr: usize, len: usize) -> DsmResult<()>;
+}
+
+/// Pins the stack of every user-level thread while it runs (MENPS §3.5):
+/// `entering` pins the stack before the thread's code touches it, `left`
+/// unpins it once nothing runs on it, so the next release fence releases
+/// what the thread wrote and faults never happen on a running stack.
+pub struct PinHook {
+    pinner: *const dyn StackPinner,
+}
+
+// SAFETY: the pinner is `Sync` and valid while the team runtime lives (the
+// `Team` borrows the `Dsm` whose space it is).
+unsafe impl Send for PinHook {}
+// SAFETY: as above.
+unsafe impl Sync for PinHook {}
+
+impl PinHook {
+    /// A hook pinning through `pinner`.
+    ///
+    /// # Safety
+    ///
+    /// `pinner` must outlive the runtime the hook is given to.
+    pub(crate) unsafe fn new(pinner: &dyn StackPinner) -> Self {
+        // SAFETY: only the lifetime is erased; `new`'s contract keeps the
+        // pinner alive as long as the hook is used.
+        let pinner: &'static dyn StackPinner = unsafe { core::mem::transmute(pinner) };
+        PinHook { pinner }
+    }
+
+    fn pinner(&self) -> &dyn StackPinner {
+        // SAFETY: valid while the runtime lives (`new`'s contract).
+        unsafe { &*self.pinner }
+    }
+}
+
+impl core::fmt::Debug for PinHook {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str("PinHook")
+    }
+}
+
+impl SwitchHook for PinHook {
+    #[inline]
+    fn entering(&self, _worker: usize, _thread: UltThread<'_>, stack: StackRegion) {
+        if let Err(e) = self
+            .pinner()
+            .pin_stack(stack.bottom(), stack.top() - stack.bottom())
+        {
+            fatal(&e);
+        }
+    }
+
+    #[inline]
+    fn left(&self, _worker: usize, _thread: UltThread<'_>, stack: StackRegion, _why: LeaveReason) {
+        if let Err(e) = self
+            .pinner()
+            .unpin_stack(stack.bottom(), stack.top() - stack.bottom())
+        {
+            fatal(&e);
+        }
+    }
+}
+
+/// A stack cannot be pinned or given back: the DSM has failed (fail-stop),
+/// and a thread cannot run on an unpinned stack. Ends the process like an
+/// unresolvable fault does.
+#[cold]
+fn fatal(e: &DsmError) -> ! {
+    eprintln!("menps-dsm: fatal: cannot pin a user-level thread's DSM stack: {e}");
+    match e {
+        // SAFETY: ends the process without running destructors that could
+        // wait for a dead peer.
+        DsmError::Com(_) => unsafe { libc::_exit(1) },
+        _ => std::process::abort(),
+    }
+}
