@@ -1,6 +1,6 @@
-//! DSM benchmarks: `dsm-barrier`, `read`, `false-sharing`, `protocol` and
-//! `dsm-alloc`, on the shm backend with 2 and 4 processes (`dsm-alloc`: 1
-//! and 2).
+//! DSM benchmarks: `dsm-barrier`, `read`, `false-sharing`, `protocol`,
+//! `fork-join`, `team-barrier` and `dsm-alloc`, on the shm backend with 2
+//! and 4 processes (`team-barrier`: 2; `dsm-alloc`: 1 and 2).
 //!
 //! The binary is a driver: it starts one job per process count (and per
 //! protocol variant for `protocol`) by running itself with `MENPS_NPROCS`
@@ -17,6 +17,7 @@ use ct_bench::{Args, Param, Stats, emit, repeat, time_secs};
 use ct_worker::OsThreads;
 use menps_dsm::com::{AnyCom, Coll};
 use menps_dsm::dsm::allocator::in_dsm_context;
+use menps_dsm::dsm::team::{Team, TeamThread};
 use menps_dsm::dsm::{Dsm, DsmAllocator};
 
 // The DSM's global allocator, for `dsm-alloc` (everything else allocates
@@ -25,8 +26,10 @@ use menps_dsm::dsm::{Dsm, DsmAllocator};
 static ALLOC: DsmAllocator = DsmAllocator;
 
 const HELP: &str = "\
-dsm [--parts barrier,read,false-sharing,protocol,alloc] [--procs 2,4] [--runs 7]
-    [--backend shm|mpi] [--alloc-procs 1,2] [--alloc-pairs 1000000]
+dsm [--parts barrier,read,false-sharing,protocol,fork-join,team-barrier,alloc]
+    [--procs 2,4] [--runs 7] [--backend shm|mpi]
+    [--forks 2000] [--team-procs 2] [--team-threads 1,2] [--team-barriers 5000]
+    [--alloc-procs 1,2] [--alloc-pairs 1000000]
     [--barriers 2000] [--read-sizes 4096,65536,1048576,16777216]
     [--read-blocks 32768,4096] [--stripes 8,64,512,4096,32768] [--fs-iters 200]
     [--protocol-iters 30] [--wn-lists 16,1024]
@@ -40,14 +43,21 @@ false-sharing  every process writes its stripes of one 32 KiB block (stripes
 protocol       CG-like sparse mat-vec iterations (us per iteration) under
                {floating, fixed} x {hybrid, timestamp, directory}, and hybrid
                with several write-notice list lengths.
+fork-join      consecutive forks of an empty function on one user-level
+               thread per process (DSM call stacks, pinned), each joined
+               (us per fork); baseline: the comm layer's barrier.
+team-barrier   barrier of a team of T threads per process (us per episode),
+               T = 1, 2; baseline: a ct-sync barrier of P*T user-level
+               threads on P*T workers in one process.
 dsm-alloc      malloc/free pairs of 64 B and 4 KiB through DsmAllocator from a
                thread in DSM context (ns per pair); baseline: the system
                allocator in the same run. Every process measures at once.
 --backend mpi  start the jobs with mpirun (needs the `mpi` feature).
 Targets (2 processes): barrier <= 5 us whatever the DSM size; false sharing
 <= 60 us at every stripe; read >= 2000 MB/s at 1 and 16 MiB, >= 400 MB/s at
-4 KiB; with 4 processes every figure >= 2x better than ArgoDSM's; a DSM
-malloc/free pair <= 3x the system allocator's.";
+4 KiB; with 4 processes every figure >= 2x better than ArgoDSM's; fork-join
+<= 10 us; team barrier 2x1 <= 2 us; a DSM malloc/free pair <= 3x the system
+allocator's.";
 
 type D = Dsm<AnyCom<OsThreads>, OsThreads>;
 
@@ -74,6 +84,8 @@ fn drive(args: &Args) {
             "read".to_string(),
             "false-sharing".to_string(),
             "protocol".to_string(),
+            "fork-join".to_string(),
+            "team-barrier".to_string(),
             "alloc".to_string(),
         ],
     );
@@ -87,11 +99,12 @@ fn drive(args: &Args) {
     }
     let mut failed = false;
     let alloc_procs: Vec<usize> = args.list("alloc-procs", &[1, 2]);
+    let team_procs: Vec<usize> = args.list("team-procs", &[2]);
     for part in &parts {
-        let procs = if part == "alloc" {
-            &alloc_procs
-        } else {
-            &procs
+        let procs = match part.as_str() {
+            "alloc" => &alloc_procs,
+            "team-barrier" => &team_procs,
+            _ => &procs,
         };
         for &p in procs {
             let variants: Vec<Vec<(&str, String)>> = if part == "protocol" {
@@ -181,6 +194,11 @@ fn job(part: &str, args: &Args) {
         ),
         "protocol" => b.protocol(args.get("protocol-iters", 30)),
         "alloc" => b.alloc(args.get("alloc-pairs", 1_000_000)),
+        "fork-join" => b.fork_join(args.get("forks", 2000)),
+        "team-barrier" => b.team_barrier(
+            &args.list("team-threads", &[1, 2]),
+            args.get("team-barriers", 5000),
+        ),
         other => {
             eprintln!("dsm bench: unknown part {other}");
             std::process::exit(2)
@@ -491,6 +509,124 @@ impl Bench<'_> {
                     dsm.median,
                     sys.median,
                     dsm.median / sys.median
+                );
+            }
+        }
+    }
+
+    /// Consecutive empty forks on one thread per process.
+    fn fork_join(&self, forks: usize) {
+        let com = self.dsm.com();
+        let plain = self.agreed(|| {
+            time_secs(|| (0..forks).for_each(|_| com.barrier().unwrap())) * 1e6 / forks as f64
+        });
+        self.emit("fork-join", "comm-barrier", &[], "us", &plain);
+        let team = Team::new(self.dsm, 1).unwrap();
+        fn empty(_: &TeamThread<'_>, _: *mut u8) {}
+        let out = team
+            .run_main(|| {
+                repeat(self.runs, || {
+                    time_secs(|| {
+                        for _ in 0..forks {
+                            // SAFETY: the function touches no data.
+                            unsafe { team.fork(1, empty, core::ptr::null_mut()) }.unwrap();
+                        }
+                    }) * 1e6
+                        / forks as f64
+                })
+            })
+            .unwrap();
+        if let Some(st) = out {
+            self.emit(
+                "fork-join",
+                "menps",
+                &[("threads_per_proc", 1usize.into())],
+                "us",
+                &st,
+            );
+            eprintln!(
+                "fork-join: {:.2} us per fork (comm barrier {:.2} us); target <= 10 us",
+                st.median, plain.median
+            );
+        }
+    }
+
+    /// Team barriers of T threads per process, inside one fork per run.
+    fn team_barrier(&self, threads: &[usize], episodes: usize) {
+        let n = self.dsm.nprocs();
+        for &t in threads {
+            // Baseline: the same number of threads, one process, ct-sync.
+            if self.dsm.rank() == 0 {
+                let rt = ct_worker::Runtime::builder()
+                    .workers(n * t)
+                    .build()
+                    .unwrap();
+                let st = repeat(self.runs, || {
+                    let b = ct_sync::Barrier::new(n * t);
+                    rt.block_on(|| {
+                        time_secs(|| {
+                            ct_worker::scope(|s| {
+                                for _ in 0..n * t {
+                                    s.spawn(|| {
+                                        (0..episodes).for_each(|_| {
+                                            b.wait();
+                                        })
+                                    });
+                                }
+                            })
+                        })
+                    }) * 1e6
+                        / episodes as f64
+                });
+                self.emit(
+                    "team-barrier",
+                    "ct-sync-one-process",
+                    &[("threads_per_proc", t.into()), ("threads", (n * t).into())],
+                    "us",
+                    &st,
+                );
+            }
+            self.dsm.barrier().unwrap();
+            let team = Team::new(self.dsm, 1).unwrap();
+            let out = team
+                .run_main(|| {
+                    repeat(self.runs, || {
+                        let mut secs = 0.0f64;
+                        let at = &mut secs as *mut f64 as usize;
+                        // `move`: the closure (in main's frame, DSM memory)
+                        // holds copies; a reference to `episodes` would
+                        // point into this OS thread's stack, which the other
+                        // processes cannot see.
+                        let work = move |th: &TeamThread<'_>| {
+                            let s = time_secs(|| {
+                                for _ in 0..episodes {
+                                    th.barrier().unwrap();
+                                }
+                            });
+                            if th.thread_num() == 0 {
+                                // SAFETY: main's local, written by thread 0
+                                // (main itself) only.
+                                unsafe { (at as *mut f64).write(s) };
+                            }
+                        };
+                        // SAFETY: the closure holds copies and an address in
+                        // main's frame that only thread 0 (main) writes.
+                        unsafe { team.parallel(t, &work) }.unwrap();
+                        secs * 1e6 / episodes as f64
+                    })
+                })
+                .unwrap();
+            if let Some(st) = out {
+                self.emit(
+                    "team-barrier",
+                    "menps",
+                    &[("threads_per_proc", t.into())],
+                    "us",
+                    &st,
+                );
+                eprintln!(
+                    "team-barrier {n}x{t}: {:.2} us per episode; target (2x1) <= 2 us",
+                    st.median
                 );
             }
         }

@@ -414,6 +414,21 @@ fn fork_errors(dsm: &D) {
             };
             // SAFETY: the closure captures nothing.
             unsafe { team.parallel(2, &nested) }.unwrap();
+            // A closure that is not in DSM memory (here: the system heap).
+            let x = 5u64;
+            let off_dsm = move |t: &TeamThread<'_>| assert!(t.num_threads() > 0 && x == 5);
+            let layout = std::alloc::Layout::for_value(&off_dsm);
+            // SAFETY: a fresh system allocation of the closure's layout,
+            // written once and freed below.
+            let e = unsafe {
+                use std::alloc::GlobalAlloc;
+                let p = std::alloc::System.alloc(layout).cast::<_>();
+                core::ptr::write(p, off_dsm);
+                let e = team.parallel(1, &*p).unwrap_err();
+                std::alloc::System.dealloc(p.cast(), layout);
+                e
+            };
+            assert!(e.to_string().contains("not in DSM memory"), "{e}");
             // Still working.
             // SAFETY: as above.
             unsafe { team.fork(2, nothing, core::ptr::null_mut()) }.unwrap();

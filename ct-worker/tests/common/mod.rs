@@ -41,6 +41,36 @@ impl Lcg {
 }
 
 /// Process CPU time (user + system), in seconds.
+/// CPU time (user + system) used so far by this process's threads whose name
+/// starts with `prefix` (from `/proc/self/task`): a figure other tests
+/// running in parallel in the same process do not disturb.
+#[allow(dead_code)]
+pub fn threads_cpu_seconds(prefix: &str) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let mut total = 0.0;
+    for t in std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesised name: state is field 3, utime 14,
+        // stime 15.
+        let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r) else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        total += (num(11) + num(12)) / tick;
+    }
+    total
+}
+
+#[allow(dead_code)]
 pub fn cpu_seconds() -> f64 {
     // SAFETY: `getrusage` fills the struct we pass.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };

@@ -158,6 +158,22 @@ impl Drop for RuntimeGuard {
     }
 }
 
+/// Runs `f` — user code called from runtime code — in the allocation context
+/// of user code (the runtime depth of the running code is set aside while
+/// it runs).
+pub(crate) fn user_code<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            context_add(self.0, true);
+        }
+    }
+    let depth = context() & RUNTIME_MASK;
+    context_add(depth, false);
+    let _restore = Restore(depth);
+    f()
+}
+
 /// Runs `f` with the caller's allocations served from the DSM heap (when a
 /// DSM runs), as if it ran on a DSM stack: for code that runs DSM work
 /// without being a user-level thread on a DSM stack (a program's own OS

@@ -7,6 +7,7 @@ use ct_worker::{ChaseLev, Config, NoAspect, Runtime, Ult, UltItf};
 
 use crate::com::{Communicator, Source, Tag};
 use crate::dsm::Dsm;
+use crate::dsm::allocator::{RuntimeGuard, user_code};
 use crate::dsm::error::{DsmError, DsmResult};
 use crate::dsm::space::DSM_TAG_BIT;
 
@@ -255,24 +256,30 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     /// The loop of the processes other than 0: runs forks until `main` ends.
     fn serve(&self) -> DsmResult<()> {
         loop {
-            let (_, msg) = self.dsm.com().recv(Source::Rank(0), TEAM_TAG)?;
-            let w: Vec<u64> = msg
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect();
-            match w.as_slice() {
-                [CMD_FORK, f, data, tpp] => {
+            let cmd = {
+                // Runtime work: the message is not DSM memory.
+                let _rt = RuntimeGuard::enter();
+                let mut b = [0u8; 32];
+                let (_, len) = self
+                    .dsm
+                    .com()
+                    .recv_into(Source::Rank(0), TEAM_TAG, &mut b)?;
+                let w = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8"));
+                (len, [w(0), w(1), w(2), w(3)])
+            };
+            match cmd {
+                (32, [CMD_FORK, f, data, tpp]) => {
                     // SAFETY: process 0 sent the address of a `TeamFn` of
                     // this binary (same code addresses, checked by
                     // `run_main`) with the data pointer and thread count its
                     // `fork` caller vouched for.
-                    let f: TeamFn = unsafe { core::mem::transmute::<usize, TeamFn>(*f as usize) };
-                    self.execute(f, *data as usize, *tpp as usize)?;
+                    let f: TeamFn = unsafe { core::mem::transmute::<usize, TeamFn>(f as usize) };
+                    self.execute(f, data as usize, tpp as usize)?;
                 }
-                [CMD_EXIT, ..] => return Ok(()),
-                _ => {
+                (32, [CMD_EXIT, ..]) => return Ok(()),
+                (len, w) => {
                     return Err(DsmError::Misuse(format!(
-                        "a corrupt team command from process 0: {w:?}"
+                        "a corrupt team command from process 0 ({len} bytes: {w:?})"
                     )));
                 }
             }
@@ -281,7 +288,11 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
 
     /// Sends a command to every other process.
     fn command(&self, w: [u64; 4]) -> DsmResult<()> {
-        let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let _rt = RuntimeGuard::enter();
+        let mut bytes = [0u8; 32];
+        for (b, v) in bytes.chunks_exact_mut(8).zip(w) {
+            b.copy_from_slice(&v.to_le_bytes());
+        }
         for p in 1..self.dsm.nprocs() {
             self.dsm.com().send(p, TEAM_TAG, &bytes)?;
         }
@@ -348,12 +359,25 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     /// # Safety
     ///
     /// As for [`Team::fork`], with `f`'s captures as `data`: the closure
-    /// lives in `main`'s frame (DSM memory) and everything it captures must
-    /// be valid in every process.
+    /// object lives in `main`'s frame (DSM memory), and everything it
+    /// captures must be valid in every process. Captured *values* are (they
+    /// are in the closure); captured *references* are only if they point to
+    /// DSM memory — locals of `main`, heap objects allocated in DSM context,
+    /// globals and adopted ranges. A closure that borrows a local of code
+    /// running on an ordinary OS-thread stack (the caller of
+    /// [`Team::run_main`], say) reads another process's unrelated memory
+    /// there: capture such values with `move`.
     pub unsafe fn parallel<F>(&self, threads_per_process: usize, f: &F) -> DsmResult<()>
     where
         F: Fn(&TeamThread<'_>) + Sync,
     {
+        let at = (f as *const F).cast::<u8>();
+        if size_of::<F>() != 0 && self.dsm.block_state(at).is_none() {
+            return Err(DsmError::InvalidArgument(format!(
+                "the closure given to Team::parallel is at {at:p}, not in DSM memory (define \
+                 it in main, which runs on a DSM stack)"
+            )));
+        }
         unsafe fn call<F: Fn(&TeamThread<'_>) + Sync>(t: &TeamThread<'_>, data: *mut u8) {
             // SAFETY: `data` is the `&F` that `parallel` passed, alive until
             // the fork returns (it is joined before `parallel` returns).
@@ -373,6 +397,9 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     /// Runs one fork in this process: a DSM barrier (process 0's writes so
     /// far become visible), the team threads, a DSM barrier.
     fn execute(&self, f: TeamFn, data: usize, tpp: usize) -> DsmResult<()> {
+        // The team's own bookkeeping is not DSM memory; the team threads'
+        // code is user code again (`run_team_thread`).
+        let _rt = RuntimeGuard::enter();
         let dsm = self.dsm;
         dsm.barrier()?;
         let barrier: TeamBarrier<'_, C, U, TeamUlt> = TeamBarrier::new(dsm, tpp);
@@ -404,7 +431,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
 fn run_team_thread(f: TeamFn, t: &TeamThread<'_>, data: usize) {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: the `fork` caller's contract.
-        unsafe { f(t, data as *mut u8) }
+        user_code(|| unsafe { f(t, data as *mut u8) })
     }));
     if r.is_err() {
         eprintln!(
