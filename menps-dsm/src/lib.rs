@@ -6,7 +6,9 @@
 //!   every process, page-protection faults resolved by the MENPS coherence
 //!   protocol (floating home, hybrid lease + write-notice invalidation, fast
 //!   release, XOR merges with write-write race detection), barriers, DSM
-//!   mutexes, atomics, pinned call stacks and a heap.
+//!   mutexes, atomics, pinned call stacks, a heap and a global allocator on
+//!   it, one address map for every shared address, and fork–join across
+//!   processes on user-level threads whose stacks live in the DSM.
 //! - [`com`] defines what the DSM needs from the network as traits — ranks,
 //!   one-sided RMA on registered windows addressed by fat pointers (read,
 //!   write, compare-and-swap, fetch-and-add, asynchronous forms, flush),

@@ -351,3 +351,14 @@ fn exhausted_heap_is_a_clear_failure() {
         run.dump()
     );
 }
+
+/// The global allocator on the `mpi` backend: the same scenarios as jobs of
+/// `mpirun` (they join as `AnyCom`).
+#[cfg(feature = "mpi")]
+#[test]
+fn allocator_scenarios_under_mpirun() {
+    for (scenario, heap) in [("share", "64M"), ("stress", "256M"), ("typed", "16M")] {
+        let run = mpirun_job(scenario, 2, &[("MENPS_DSM_HEAP_SIZE", heap)]);
+        assert_passed(&run, &format!("{scenario} under mpirun"), 2);
+    }
+}

@@ -349,3 +349,14 @@ fn bad_requests_fail_in_every_process() {
 fn stack_and_thread_local_slots() {
     run("slots", &[2, 4]);
 }
+
+/// The memory layer on the `mpi` backend: the same scenarios as jobs of
+/// `mpirun` (they join as `AnyCom`).
+#[cfg(feature = "mpi")]
+#[test]
+fn memory_scenarios_under_mpirun() {
+    for scenario in ["adopt", "regions", "bad_requests", "slots"] {
+        let run = mpirun_job(scenario, 2, &[("MENPS_DSM_HEAP_SIZE", "16M")]);
+        assert_passed(&run, &format!("{scenario} under mpirun"), 2);
+    }
+}

@@ -509,3 +509,22 @@ fn a_panicking_team_thread_fails_the_job_without_hanging() {
 fn process_handle_before_during_and_after() {
     run("handle", &[2, 4]);
 }
+
+/// Fork–join, the team barrier on user-level threads, keyed mutexes and the
+/// process handle on the `mpi` backend: the same scenarios as jobs of
+/// `mpirun` (they join as `AnyCom`).
+#[cfg(feature = "mpi")]
+#[test]
+fn team_scenarios_under_mpirun() {
+    for scenario in [
+        "fork_main",
+        "team_barrier_ult",
+        "stack_intact",
+        "fork_errors",
+        "keyed",
+        "handle",
+    ] {
+        let run = mpirun_job(scenario, 2, &[("MENPS_DSM_HEAP_SIZE", "64M")]);
+        assert_passed(&run, &format!("{scenario} under mpirun"), 2);
+    }
+}

@@ -64,6 +64,21 @@
 //! helpers of the heap); the access may fault and be resolved, possibly
 //! parking the calling user-level thread.
 //!
+//! # Memory, threads and processes
+//!
+//! - [`memory`]: one address map owns every shared address — segments, the
+//!   [`heap`], [`globals`], call stacks of user-level threads,
+//!   thread-local blocks, and *adopted* ranges (memory the program already
+//!   has, such as a `static`, kept at its own address).
+//! - [`allocator`]: [`DsmAllocator`], a `#[global_allocator]` that gives code
+//!   running on DSM call stacks DSM heap memory, so ordinary `Vec`s and
+//!   `String`s built there are valid in every process.
+//! - [`team`]: fork–join across processes — `main` on process 0 on a DSM
+//!   call stack, forks onto user-level threads (with DSM stacks, pinned
+//!   while they run) in every process, and the team barrier.
+//! - [`process`]: the running DSM, type-erased, for code that cannot be
+//!   generic (a C ABI).
+//!
 //! # Errors
 //!
 //! The DSM is fail-stop: a dead peer, a detected data race or a protocol
