@@ -60,6 +60,8 @@ fn job_entry() {
         "stack_intact" => stack_intact(&dsm),
         "fork_errors" => fork_errors(&dsm),
         "team_panic" => team_panic(&dsm),
+        "fork_on" => fork_on(&dsm),
+        "serve_idle" => serve_idle(&dsm),
         other => panic!("unknown scenario {other}"),
     }
     dsm.finalize().unwrap();
@@ -372,6 +374,87 @@ fn team_panic(dsm: &D) {
     std::process::exit(1);
 }
 
+/// A fork onto one process: only its threads run, their barrier is local,
+/// and main sees what they wrote.
+fn fork_on(dsm: &D) {
+    let team = Team::new(dsm, 1).unwrap();
+    let target = dsm.nprocs() - 1;
+    team.run_main(|| {
+        for target in [target, 0] {
+            let mut seen = [u64::MAX; 8];
+            let out = seen.as_mut_ptr() as usize;
+            let work = move |t: &TeamThread<'_>| {
+                assert_eq!(t.num_threads(), 3);
+                assert_eq!(t.thread_num(), t.local_num());
+                let a = out as *mut u64;
+                // SAFETY: element thread_num of main's array is this
+                // thread's; element 4 + thread_num after the barrier too.
+                unsafe { a.add(t.thread_num()).write(t.rank() as u64) };
+                t.barrier().unwrap();
+                // SAFETY: written before the (in-process) barrier.
+                let sum: u64 = (0..3).map(|k| unsafe { a.add(k).read() }).sum();
+                // SAFETY: as above.
+                unsafe { a.add(4 + t.thread_num()).write(sum) };
+            };
+            // SAFETY: the closure holds copies only; threads write disjoint
+            // elements of main's array.
+            unsafe {
+                team.fork_on(
+                    target,
+                    3,
+                    |t, d| (*d.cast::<&dyn Fn(&TeamThread<'_>)>())(t),
+                    (&(&work as &dyn Fn(&TeamThread<'_>))) as *const _ as *mut u8,
+                )
+            }
+            .unwrap();
+            let r = target as u64;
+            assert_eq!(seen, [r, r, r, u64::MAX, 3 * r, 3 * r, 3 * r, u64::MAX]);
+        }
+        // SAFETY: nothing is touched.
+        let e = unsafe { team.fork_on(99, 1, |_, _| {}, core::ptr::null_mut()) }.unwrap_err();
+        assert!(e.to_string().contains("the job has"), "{e}");
+    })
+    .unwrap();
+}
+
+/// While `main` computes without forking, the other processes sleep: a
+/// process serving forks uses little CPU time.
+fn serve_idle(dsm: &D) {
+    let team = Team::new(dsm, 1).unwrap();
+    let me = dsm.rank();
+    let watcher = (me != 0).then(|| {
+        std::thread::spawn(|| {
+            // Let the serving thread reach its wait, then measure 1 s.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let c0 = process_cpu();
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            process_cpu() - c0
+        })
+    });
+    team.run_main(|| {
+        std::thread::sleep(std::time::Duration::from_millis(1600));
+    })
+    .unwrap();
+    if let Some(w) = watcher {
+        let used = w.join().unwrap();
+        println!("rank {me}: cpu while serving idle {used:.3} s");
+        assert!(
+            used < 0.25,
+            "rank {me} used {used:.3} s of CPU in 1 s while waiting for forks"
+        );
+    }
+}
+
+/// CPU time of this process so far.
+fn process_cpu() -> f64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
 /// This process's team, for `fork_errors`' nested fork.
 static TEAM: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -506,6 +589,16 @@ fn a_panicking_team_thread_fails_the_job_without_hanging() {
 }
 
 #[test]
+fn fork_onto_one_process() {
+    run("fork_on", &[2, 3]);
+}
+
+#[test]
+fn non_zero_ranks_sleep_while_no_fork_is_pending() {
+    run("serve_idle", &[2, 3]);
+}
+
+#[test]
 fn process_handle_before_during_and_after() {
     run("handle", &[2, 4]);
 }
@@ -521,6 +614,7 @@ fn team_scenarios_under_mpirun() {
         "team_barrier_ult",
         "stack_intact",
         "fork_errors",
+        "fork_on",
         "keyed",
         "handle",
     ] {

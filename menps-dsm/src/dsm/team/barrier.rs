@@ -26,6 +26,9 @@ pub struct TeamBarrier<'d, C: Communicator + 'static, U: UltItf, T: UltItf = U> 
     dsm: &'d Dsm<C, U>,
     local: Barrier<T>,
     threads_here: usize,
+    /// The team lives in this process only: no DSM barrier (its threads
+    /// share this process's copy of every block).
+    local_only: bool,
 }
 
 impl<'d, C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'d, C, U, T> {
@@ -39,6 +42,21 @@ impl<'d, C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'d, C, U, 
             dsm,
             local: Barrier::new_in(threads_here),
             threads_here,
+            local_only: false,
+        }
+    }
+
+    /// A barrier for a team whose `threads` all run in this process: the
+    /// in-process barrier alone (the threads of one process share its copy
+    /// of every block, so no DSM barrier is needed among them).
+    ///
+    /// # Panics
+    ///
+    /// Panics if `threads` is 0.
+    pub fn local(dsm: &'d Dsm<C, U>, threads: usize) -> Self {
+        TeamBarrier {
+            local_only: true,
+            ..Self::new(dsm, threads)
         }
     }
 
@@ -55,6 +73,9 @@ impl<'d, C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'d, C, U, 
     /// thread of the process: the DSM is fail-stop, so the threads that did
     /// not run it find the recorded failure.
     pub fn wait(&self) -> DsmResult<bool> {
+        if self.local_only {
+            return Ok(self.local.wait().is_leader());
+        }
         if self.threads_here == 1 {
             return self.dsm.barrier().map(|()| true);
         }
@@ -73,6 +94,7 @@ impl<C: Communicator + 'static, U: UltItf, T: UltItf> core::fmt::Debug
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("TeamBarrier")
             .field("threads_here", &self.threads_here)
+            .field("local_only", &self.local_only)
             .finish()
     }
 }

@@ -35,6 +35,10 @@ pub type TeamUlt = Ult<TeamConfig>;
 const TEAM_TAG: Tag = DSM_TAG_BIT | 0x7fff_fff0;
 const CMD_FORK: u64 = 1;
 const CMD_EXIT: u64 = 2;
+/// Words of a command: kind, function, data, threads per process, target
+/// process (`ALL`: every process).
+const CMD_WORDS: usize = 5;
+const ALL: u64 = u64::MAX;
 /// Hook-word bit of the thread running the team's `main` (the allocator
 /// uses the low 32 bits).
 const MAIN_MARK: usize = 1 << 32;
@@ -219,18 +223,18 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
                 .map_err(|e| DsmError::Config(format!("cannot start the team's thread: {e}")))??;
             return Ok(None);
         }
-        let out = self
-            .rt
-            .try_block_on(|| {
-                let d = ct_worker::current_thread_data().unwrap_or(0);
-                ct_worker::set_current_thread_data(d | MAIN_MARK);
-                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(main));
-                let d = ct_worker::current_thread_data().unwrap_or(0);
-                ct_worker::set_current_thread_data(d & !MAIN_MARK);
-                r
-            })
-            .map_err(|e| DsmError::Config(format!("cannot start the team's main: {e}")))?;
-        let stopped = self.command([CMD_EXIT, 0, 0, 0]);
+        let out = self.rt.try_block_on(|| {
+            let d = ct_worker::current_thread_data().unwrap_or(0);
+            ct_worker::set_current_thread_data(d | MAIN_MARK);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(main));
+            let d = ct_worker::current_thread_data().unwrap_or(0);
+            ct_worker::set_current_thread_data(d & !MAIN_MARK);
+            r
+        });
+        // The others stop serving whatever happened to `main`.
+        let stopped = self.command([CMD_EXIT, 0, 0, 0, ALL]);
+        let out =
+            out.map_err(|e| DsmError::Config(format!("cannot start the team's main: {e}")))?;
         match out {
             Ok(v) => stopped.map(|()| Some(v)),
             Err(p) => std::panic::resume_unwind(p),
@@ -259,24 +263,24 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             let cmd = {
                 // Runtime work: the message is not DSM memory.
                 let _rt = RuntimeGuard::enter();
-                let mut b = [0u8; 32];
+                let mut b = [0u8; 8 * CMD_WORDS];
                 let (_, len) = self
                     .dsm
                     .com()
                     .recv_into(Source::Rank(0), TEAM_TAG, &mut b)?;
                 let w = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8"));
-                (len, [w(0), w(1), w(2), w(3)])
+                (len, [w(0), w(1), w(2), w(3), w(4)])
             };
             match cmd {
-                (32, [CMD_FORK, f, data, tpp]) => {
+                (40, [CMD_FORK, f, data, tpp, target]) => {
                     // SAFETY: process 0 sent the address of a `TeamFn` of
                     // this binary (same code addresses, checked by
                     // `run_main`) with the data pointer and thread count its
                     // `fork` caller vouched for.
                     let f: TeamFn = unsafe { core::mem::transmute::<usize, TeamFn>(f as usize) };
-                    self.execute(f, data as usize, tpp as usize)?;
+                    self.execute(f, data as usize, tpp as usize, target)?;
                 }
-                (32, [CMD_EXIT, ..]) => return Ok(()),
+                (40, [CMD_EXIT, ..]) => return Ok(()),
                 (len, w) => {
                     return Err(DsmError::Misuse(format!(
                         "a corrupt team command from process 0 ({len} bytes: {w:?})"
@@ -287,9 +291,9 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     }
 
     /// Sends a command to every other process.
-    fn command(&self, w: [u64; 4]) -> DsmResult<()> {
+    fn command(&self, w: [u64; CMD_WORDS]) -> DsmResult<()> {
         let _rt = RuntimeGuard::enter();
-        let mut bytes = [0u8; 32];
+        let mut bytes = [0u8; 8 * CMD_WORDS];
         for (b, v) in bytes.chunks_exact_mut(8).zip(w) {
             b.copy_from_slice(&v.to_le_bytes());
         }
@@ -322,6 +326,45 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         f: TeamFn,
         data: *mut u8,
     ) -> DsmResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.fork_to(ALL, threads_per_process, f, data) }
+    }
+
+    /// [`Team::fork`] onto process `rank` only: `threads` user-level
+    /// threads there (`main` is not one of them, even for `rank` 0), and
+    /// the team barrier among them is an in-process barrier. The other
+    /// processes take part in the fork's DSM barriers only, so what `main`
+    /// wrote before is visible to the threads, and what they wrote is
+    /// visible to `main` after.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Team::fork`].
+    pub unsafe fn fork_on(
+        &self,
+        rank: usize,
+        threads: usize,
+        f: TeamFn,
+        data: *mut u8,
+    ) -> DsmResult<()> {
+        if rank >= self.dsm.nprocs() {
+            return Err(DsmError::InvalidArgument(format!(
+                "fork_on process {rank}: the job has {} processes",
+                self.dsm.nprocs()
+            )));
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.fork_to(rank as u64, threads, f, data) }
+    }
+
+    /// A fork to every process (`ALL`) or to one.
+    unsafe fn fork_to(
+        &self,
+        target: u64,
+        threads: usize,
+        f: TeamFn,
+        data: *mut u8,
+    ) -> DsmResult<()> {
         let in_main = self.dsm.rank() == 0
             && self.running.load(Ordering::Acquire)
             && !self.forking.load(Ordering::Acquire)
@@ -334,10 +377,10 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             ));
         }
         let slots = self.dsm.stacks().map_or(0, |s| s.slots_per_process());
-        if threads_per_process == 0 || threads_per_process >= slots {
+        if threads == 0 || threads >= slots {
             return Err(DsmError::InvalidArgument(format!(
-                "{threads_per_process} team threads per process: use 1 .. {} (one stack slot \
-                 is main's; raise MENPS_DSM_STACKS for more)",
+                "{threads} team threads per process: use 1 .. {} (one stack slot is main's; \
+                 raise MENPS_DSM_STACKS for more)",
                 slots.saturating_sub(1)
             )));
         }
@@ -346,10 +389,11 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             CMD_FORK,
             f as usize as u64,
             data as u64,
-            threads_per_process as u64,
+            threads as u64,
+            target,
         ])?;
         self.forking.store(true, Ordering::Release);
-        let r = self.execute(f, data as usize, threads_per_process);
+        let r = self.execute(f, data as usize, threads, target);
         self.forking.store(false, Ordering::Release);
         r
     }
@@ -395,31 +439,44 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     }
 
     /// Runs one fork in this process: a DSM barrier (process 0's writes so
-    /// far become visible), the team threads, a DSM barrier.
-    fn execute(&self, f: TeamFn, data: usize, tpp: usize) -> DsmResult<()> {
+    /// far become visible), the team threads (if the fork is for this
+    /// process), a DSM barrier.
+    fn execute(&self, f: TeamFn, data: usize, tpp: usize, target: u64) -> DsmResult<()> {
         // The team's own bookkeeping is not DSM memory; the team threads'
         // code is user code again (`run_team_thread`).
         let _rt = RuntimeGuard::enter();
         let dsm = self.dsm;
         dsm.barrier()?;
-        let barrier: TeamBarrier<'_, C, U, TeamUlt> = TeamBarrier::new(dsm, tpp);
         let (rank, nprocs) = (dsm.rank(), dsm.nprocs());
-        let thread = |local: usize| TeamThread {
-            thread_num: rank * tpp + local,
-            num_threads: nprocs * tpp,
-            local_num: local,
-            threads_here: tpp,
-            rank,
-            nprocs,
-            barrier: &barrier,
-        };
-        ct_worker::scope_in::<TeamConfig, _, _>(|s| {
-            for local in 1..tpp {
-                let thread = &thread;
-                s.spawn(move || run_team_thread(f, &thread(local), data));
-            }
-            run_team_thread(f, &thread(0), data);
-        });
+        let all = target == ALL;
+        if all || target == rank as u64 {
+            let barrier: TeamBarrier<'_, C, U, TeamUlt> = if all {
+                TeamBarrier::new(dsm, tpp)
+            } else {
+                TeamBarrier::local(dsm, tpp)
+            };
+            let thread = |local: usize| TeamThread {
+                thread_num: if all { rank * tpp + local } else { local },
+                num_threads: if all { nprocs * tpp } else { tpp },
+                local_num: local,
+                threads_here: tpp,
+                rank,
+                nprocs,
+                barrier: &barrier,
+            };
+            // With every process, `main` (or the serving thread) is thread
+            // 0; on one process, all threads are new.
+            let first_new = usize::from(all);
+            ct_worker::scope_in::<TeamConfig, _, _>(|s| {
+                for local in first_new..tpp {
+                    let thread = &thread;
+                    s.spawn(move || run_team_thread(f, &thread(local), data));
+                }
+                if all {
+                    run_team_thread(f, &thread(0), data);
+                }
+            });
+        }
         dsm.barrier()
     }
 }
