@@ -101,8 +101,20 @@ fn share(dsm: D, early: String) {
     dsm.barrier().unwrap();
     if me == n - 1 {
         // SAFETY: ownership passes to this process; nobody else uses it.
-        let v = unsafe { Vec::from_raw_parts(p, len, cap) };
-        drop(v); // every string and the buffer go back to the DSM heap
+        let mut v = unsafe { Vec::from_raw_parts(p, len, cap) };
+        // Reallocated here: rank 0's strings and vector grow (move to
+        // objects of this process) in DSM context, then shrink outside it
+        // (move to system memory).
+        in_dsm_context(|| {
+            v[0].push_str(&"+".repeat(300));
+            v.push(String::from("one more"));
+        });
+        assert!(is_dsm_pointer(v.as_ptr().cast()) && is_dsm_pointer(v[0].as_ptr()));
+        assert!(v[0].starts_with("string number 0 of rank 0+++"));
+        v[1].push_str(&"-".repeat(5000));
+        assert!(!is_dsm_pointer(v[1].as_ptr()));
+        assert!(v[1].starts_with("string number 1 of rank 0---"));
+        drop(v); // every string and the buffer go back where they live
     }
     // Realloc across the boundary: a system string grown in DSM context
     // moves into the DSM, a DSM string grown outside moves out.

@@ -62,6 +62,7 @@ fn job_entry() {
         "team_panic" => team_panic(&dsm),
         "fork_on" => fork_on(&dsm),
         "serve_idle" => serve_idle(&dsm),
+        "fork_before_start" => fork_before_start(&dsm),
         other => panic!("unknown scenario {other}"),
     }
     dsm.finalize().unwrap();
@@ -417,6 +418,22 @@ fn fork_on(dsm: &D) {
     .unwrap();
 }
 
+/// A program whose process 0 forks before `run_main` and gives up with the
+/// error: every process ends non-zero (the others find process 0 dead).
+fn fork_before_start(dsm: &D) {
+    let team = Team::new(dsm, 1).unwrap();
+    if dsm.rank() == 0 {
+        fn nothing(_: &TeamThread<'_>, _: *mut u8) {}
+        // SAFETY: `nothing` touches no data.
+        let e = unsafe { team.fork(1, nothing, core::ptr::null_mut()) }.unwrap_err();
+        eprintln!("rank 0: {e}");
+        std::process::exit(1);
+    }
+    let e = team.run_main(|| ()).unwrap_err();
+    eprintln!("rank {}: run_main failed: {e}", dsm.rank());
+    std::process::exit(1);
+}
+
 /// While `main` computes without forking, the other processes sleep: a
 /// process serving forks uses little CPU time.
 fn serve_idle(dsm: &D) {
@@ -585,6 +602,32 @@ fn a_panicking_team_thread_fails_the_job_without_hanging() {
             run.dump()
         );
         assert!(!run.stderr.contains("unexpected end"), "{}", run.dump());
+    }
+}
+
+#[test]
+fn fork_before_start_up_fails_every_process() {
+    for n in [2, 3] {
+        let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
+        entry_args(&mut cmd);
+        cmd.env(SCENARIO, "fork_before_start")
+            .env("MENPS_NPROCS", n.to_string())
+            .env("MENPS_DSM_HEAP_SIZE", "16M");
+        let run = drive(cmd, &new_tag("fork_before_start"), |_, _| false);
+        assert!(!run.status.success(), "{}", run.dump());
+        assert!(
+            run.stderr
+                .contains("called from the main function given to Team::run_main"),
+            "{}",
+            run.dump()
+        );
+        for r in 1..n {
+            assert!(
+                run.stderr.contains(&format!("rank {r}: run_main failed")),
+                "{}",
+                run.dump()
+            );
+        }
     }
 }
 
