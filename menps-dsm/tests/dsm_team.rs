@@ -63,6 +63,7 @@ fn job_entry() {
         "fork_on" => fork_on(&dsm),
         "serve_idle" => serve_idle(&dsm),
         "fork_before_start" => fork_before_start(&dsm),
+        "stack_overflow" => stack_overflow(&dsm),
         other => panic!("unknown scenario {other}"),
     }
     dsm.finalize().unwrap();
@@ -418,6 +419,36 @@ fn fork_on(dsm: &D) {
     .unwrap();
 }
 
+/// A team thread of the last process recurses without end on its DSM call
+/// stack: the guard block below the stack ends that process with a
+/// message (never a write into another thread's stack).
+fn stack_overflow(dsm: &D) {
+    let team = Team::new(dsm, 1).unwrap();
+    fn deep(n: u64) -> u64 {
+        let frame = [n; 512];
+        std::hint::black_box(&frame);
+        if n == u64::MAX {
+            0
+        } else {
+            deep(n + 1) + frame[7]
+        }
+    }
+    let r = team.run_main(|| {
+        let work = |t: &TeamThread<'_>| {
+            if t.rank() == t.nprocs() - 1 {
+                std::hint::black_box(deep(0));
+            }
+            let e = t.barrier().unwrap_err();
+            eprintln!("rank {}: {e}", t.rank());
+            std::process::exit(1);
+        };
+        // SAFETY: the closure captures nothing.
+        unsafe { team.parallel(1, &work) }
+    });
+    eprintln!("rank {}: unexpected end: {r:?}", dsm.rank());
+    std::process::exit(1);
+}
+
 /// A program whose process 0 forks before `run_main` and gives up with the
 /// error: every process ends non-zero (the others find process 0 dead).
 fn fork_before_start(dsm: &D) {
@@ -629,6 +660,24 @@ fn fork_before_start_up_fails_every_process() {
             );
         }
     }
+}
+
+#[test]
+fn dsm_stack_overflow_is_reported() {
+    let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
+    entry_args(&mut cmd);
+    cmd.env(SCENARIO, "stack_overflow")
+        .env("MENPS_NPROCS", "2")
+        .env("MENPS_DSM_HEAP_SIZE", "16M");
+    let run = drive(cmd, &new_tag("stack_overflow"), |_, _| false);
+    assert!(!run.status.success(), "{}", run.dump());
+    assert!(
+        run.stderr.contains("stack overflow in user-level thread")
+            && run.stderr.contains("guard block below a DSM call stack"),
+        "{}",
+        run.dump()
+    );
+    assert!(!run.stderr.contains("unexpected end"), "{}", run.dump());
 }
 
 #[test]

@@ -34,9 +34,13 @@ use super::error::{DsmError, DsmResult};
 
 /// What the hook needs from the DSM.
 pub trait FaultResolver: Sync {
-    /// Whether `addr` is inside a live segment (called in the signal
-    /// handler: must be async-signal-safe — lock-free reads only).
+    /// Whether `addr` is inside a live segment, and not in a guard block
+    /// (called in the signal handler: must be async-signal-safe — lock-free
+    /// reads only).
     fn owns(&self, addr: usize) -> bool;
+    /// Whether `addr` is in the guard block below a DSM call stack
+    /// (async-signal-safe).
+    fn is_stack_guard(&self, addr: usize) -> bool;
     /// Makes `addr` readable (and writable if `write`).
     fn resolve(&self, addr: usize, write: bool) -> DsmResult<()>;
 }
@@ -133,6 +137,15 @@ unsafe fn hook(_sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as usize;
     if !resolver.owns(addr) {
+        if resolver.is_stack_guard(addr) {
+            let mut buf = [0u8; 160];
+            let mut w = ct_context::trap::BufWriter::new(&mut buf);
+            w.put(b"stack overflow in user-level thread: access to ");
+            w.hex(addr);
+            w.put(b", in the guard block below a DSM call stack (raise MENPS_DSM_STACK_SIZE)\n");
+            w.write_to_stderr();
+            std::process::abort();
+        }
         if super::layout::in_dsm_range(addr) {
             let mut buf = [0u8; 128];
             let mut w = ct_context::trap::BufWriter::new(&mut buf);

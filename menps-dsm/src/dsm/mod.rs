@@ -124,7 +124,11 @@ use space::{AtomicOp, Space};
 
 impl<C: Communicator + 'static, U: UltItf> fault::FaultResolver for Space<C, U> {
     fn owns(&self, addr: usize) -> bool {
-        self.locate(addr).is_some()
+        self.locate(addr).is_some() && !self.is_stack_guard(addr)
+    }
+
+    fn is_stack_guard(&self, addr: usize) -> bool {
+        Space::is_stack_guard(self, addr)
     }
 
     fn resolve(&self, addr: usize, write: bool) -> DsmResult<()> {

@@ -19,7 +19,9 @@
 //! **Stacks** and **thread-local blocks** are [`SlotRegion`]s: equal slots,
 //! each process owning a contiguous share, handed out without
 //! communication. A stack slot is one coherence block, so pinning a running
-//! thread's stack is one block operation.
+//! thread's stack is one block operation; below each stack lies a guard
+//! block that is never made accessible, so an overflow ends the process
+//! with a message instead of corrupting the next stack.
 //!
 //! An **adopted range** is memory the program already has — a `static`, or
 //! a C executable's `.data`/`.bss` — kept at its own address: process 0's
@@ -113,22 +115,25 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         self.mem.globals = super::globals::init(self.space)?;
         let (size, n) = (self.space.cfg.stack_size, self.space.cfg.stacks_per_process);
         if n > 0 {
-            self.mem.stacks = Some(self.slot_region(RegionKind::Stacks, size, n)?);
+            self.mem.stacks = Some(self.slot_region(RegionKind::Stacks, size, true, n)?);
         }
         Ok(())
     }
 
     /// Collectively creates a slot region of `per_process` slots of
-    /// `slot_size` bytes per process, one block per slot.
+    /// `slot_size` bytes per process, one block per slot (and one guard
+    /// block before each if `guarded`).
     fn slot_region(
         &self,
         kind: RegionKind,
         slot_size: usize,
+        guarded: bool,
         per_process: usize,
     ) -> DsmResult<SlotRegion> {
         let req = super::config::check_block_size(slot_size).and_then(|()| {
             let size = slot_size
-                .checked_mul(per_process)
+                .checked_mul(1 + usize::from(guarded))
+                .and_then(|s| s.checked_mul(per_process))
                 .and_then(|s| s.checked_mul(self.nprocs()))
                 .ok_or_else(|| DsmError::InvalidArgument(format!("{kind} too large")))?;
             Ok(Request {
@@ -142,6 +147,7 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         Ok(SlotRegion::new(
             region,
             slot_size,
+            guarded,
             per_process,
             self.rank(),
             self.nprocs(),
@@ -199,7 +205,7 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     ) -> DsmResult<&SlotRegion> {
         // A second call fails in the address map (the region exists), in
         // every process alike.
-        let r = self.slot_region(RegionKind::ThreadLocal, block_bytes, per_process)?;
+        let r = self.slot_region(RegionKind::ThreadLocal, block_bytes, false, per_process)?;
         Ok(self.mem.tls.get_or_init(|| r))
     }
 

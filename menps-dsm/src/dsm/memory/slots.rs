@@ -2,11 +2,17 @@
 //! contiguous share — call stacks of user-level threads, thread-local blocks
 //! of team threads.
 //!
-//! Slot `i` of process `p` is at `base + (p · per_process + i) · slot_size`,
+//! Slot `i` of process `p` is at `base + (p · per_process + i) · stride`,
 //! the same address in every process, so a pointer into another process's
 //! stack (a variable of the master thread's frame, say) is valid
 //! everywhere. A process takes and gives back only its own slots, with no
 //! communication.
+//!
+//! Call stacks have a **guard**: each slot is preceded by a block of the
+//! same size that is never mapped accessible (the stride is twice the slot
+//! size; address space only). A thread that overflows its DSM stack faults
+//! there and the process ends with "stack overflow in user-level thread",
+//! instead of writing into the next thread's stack.
 
 use core::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -20,6 +26,8 @@ use super::map::{Region, RegionKind};
 pub struct SlotRegion {
     region: Region,
     slot_size: usize,
+    /// Whether a guard block precedes every slot.
+    guarded: bool,
     per_process: usize,
     rank: usize,
     nprocs: usize,
@@ -37,18 +45,24 @@ struct Free {
 
 impl SlotRegion {
     /// The slot layout of `region` (made for `nprocs × per_process` slots of
-    /// `slot_size` bytes).
+    /// `slot_size` bytes, each preceded by a guard block of the same size if
+    /// `guarded`).
     pub(crate) fn new(
         region: Region,
         slot_size: usize,
+        guarded: bool,
         per_process: usize,
         rank: usize,
         nprocs: usize,
     ) -> Self {
-        debug_assert_eq!(region.size, slot_size * per_process * nprocs);
+        debug_assert_eq!(
+            region.size,
+            slot_size * (1 + usize::from(guarded)) * per_process * nprocs
+        );
         SlotRegion {
             region,
             slot_size,
+            guarded,
             per_process,
             rank,
             nprocs,
@@ -87,20 +101,42 @@ impl SlotRegion {
         self.taken.load(Ordering::Relaxed)
     }
 
+    /// Bytes from one slot to the next.
+    fn stride(&self) -> usize {
+        self.slot_size * (1 + usize::from(self.guarded))
+    }
+
+    /// Bytes of the guard block before each slot (0: no guards).
+    fn guard(&self) -> usize {
+        if self.guarded { self.slot_size } else { 0 }
+    }
+
     /// Address of slot `index` of process `rank`.
     pub fn slot(&self, rank: usize, index: usize) -> Option<*mut u8> {
         (rank < self.nprocs && index < self.per_process).then(|| {
-            (self.region.base + (rank * self.per_process + index) * self.slot_size) as *mut u8
+            (self.region.base + (rank * self.per_process + index) * self.stride() + self.guard())
+                as *mut u8
         })
     }
 
-    /// The owner and index of the slot holding `addr`.
+    /// The owner and index of the slot holding `addr` (`None` outside the
+    /// slots, guard blocks included).
     pub fn owner_of(&self, addr: *const u8) -> Option<(usize, usize)> {
         let a = addr as usize;
-        self.region.contains(a).then(|| {
-            let s = (a - self.region.base) / self.slot_size;
-            (s / self.per_process, s % self.per_process)
-        })
+        if !self.region.contains(a) {
+            return None;
+        }
+        let off = a - self.region.base;
+        let s = off / self.stride();
+        (off % self.stride() >= self.guard()).then(|| (s / self.per_process, s % self.per_process))
+    }
+
+    /// Whether `addr` lies in a guard block.
+    pub fn is_guard(&self, addr: *const u8) -> bool {
+        let a = addr as usize;
+        self.guarded
+            && self.region.contains(a)
+            && (a - self.region.base) % self.stride() < self.guard()
     }
 
     /// Takes a free slot of this process; its memory keeps whatever the
@@ -149,11 +185,34 @@ mod tests {
         let r = Region {
             kind: RegionKind::Stacks,
             base: 1 << 40,
-            size: 3 * 2 * 8192,
+            size: 3 * n * 8192,
             block_size: 8192,
             id: 124,
         };
-        SlotRegion::new(r, 8192, n, 1, 3)
+        SlotRegion::new(r, 8192, false, n, 1, 3)
+    }
+
+    #[test]
+    fn guarded_slots_skip_their_guard_blocks() {
+        let r = Region {
+            kind: RegionKind::Stacks,
+            base: 1 << 40,
+            size: 2 * 2 * 2 * 8192,
+            block_size: 8192,
+            id: 124,
+        };
+        let s = SlotRegion::new(r, 8192, true, 2, 0, 2);
+        let a = s.take().unwrap() as usize;
+        assert_eq!(a, (1 << 40) + 8192, "after the first guard block");
+        let b = s.take().unwrap() as usize;
+        assert_eq!(b, (1 << 40) + 3 * 8192);
+        assert!(s.is_guard((a - 1) as *const u8));
+        assert!(s.is_guard((1usize << 40) as *const u8));
+        assert!(!s.is_guard(a as *const u8));
+        assert!(!s.is_guard((a + 8191) as *const u8));
+        assert_eq!(s.owner_of((a - 1) as *const u8), None);
+        assert_eq!(s.owner_of((b + 100) as *const u8), Some((0, 1)));
+        assert_eq!(s.slot(1, 0), Some(((1usize << 40) + 5 * 8192) as *mut u8));
     }
 
     #[test]

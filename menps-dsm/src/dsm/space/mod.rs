@@ -360,6 +360,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         seg.contains(addr).then(|| (seg, seg.index_of(addr)))
     }
 
+    /// Whether `addr` is in a guard block of the stack region (its even
+    /// blocks: every stack slot is preceded by one; async-signal-safe).
+    #[inline]
+    pub fn is_stack_guard(&self, addr: usize) -> bool {
+        matches!(
+            self.locate(addr),
+            Some((seg, idx)) if Some(seg.id) == RegionKind::Stacks.fixed_id() && idx % 2 == 0
+        )
+    }
+
     /// Block size of the segment holding `addr`.
     pub fn block_size_at(&self, addr: usize) -> Option<usize> {
         self.locate(addr).map(|(s, _)| s.block_size)
