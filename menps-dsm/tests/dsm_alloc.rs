@@ -30,18 +30,7 @@ fn job_entry() {
     // Before start-up, even "DSM context" gets system memory.
     let early = in_dsm_context(|| String::from("before"));
     assert!(!is_dsm_pointer(early.as_ptr()));
-    let com: AnyCom<OsThreads> = menps_dsm::launch::Builder::new()
-        .nprocs(2)
-        .grace(std::time::Duration::from_secs(3))
-        .init_or_relaunch()
-        .unwrap_or_else(|e| {
-            eprintln!("cannot join the job: {e}");
-            std::process::exit(3)
-        });
-    let dsm = D::new(com).unwrap_or_else(|e| {
-        eprintln!("cannot start the DSM: {e}");
-        std::process::exit(3)
-    });
+    let dsm: D = start_dsm_job();
     let me = dsm.rank();
     match name.as_str() {
         "share" => share(dsm, early),

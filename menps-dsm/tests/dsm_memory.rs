@@ -37,18 +37,7 @@ fn job_entry() {
     let Ok(name) = std::env::var(SCENARIO) else {
         return;
     };
-    let com: AnyCom<OsThreads> = menps_dsm::launch::Builder::new()
-        .nprocs(2)
-        .grace(std::time::Duration::from_secs(3))
-        .init_or_relaunch()
-        .unwrap_or_else(|e| {
-            eprintln!("cannot join the job: {e}");
-            std::process::exit(3)
-        });
-    let dsm = D::new(com).unwrap_or_else(|e| {
-        eprintln!("cannot start the DSM: {e}");
-        std::process::exit(3)
-    });
+    let dsm: D = start_dsm_job();
     let me = dsm.rank();
     let f: fn(&D) = match name.as_str() {
         // Finalizes the DSM itself.
@@ -136,16 +125,13 @@ fn regions(dsm: &D) {
     assert!(b as usize > a as usize);
     let regions = dsm.regions();
     let kinds: Vec<RegionKind> = regions.iter().map(|r| r.kind).collect();
-    // Heap, the stack region (no globals in this binary), then ours.
+    // The heap (no globals in this binary, no stack region before a team
+    // asks for it), then ours.
     assert_eq!(
         kinds,
-        [
-            RegionKind::Heap,
-            RegionKind::Stacks,
-            RegionKind::Segment,
-            RegionKind::Segment
-        ]
+        [RegionKind::Heap, RegionKind::Segment, RegionKind::Segment]
     );
+    assert!(dsm.stacks().is_none());
     for w in regions.iter().enumerate() {
         for o in regions.iter().skip(w.0 + 1) {
             assert!(w.1.end() <= o.base || o.end() <= w.1.base, "{w:?} {o:?}");
@@ -252,7 +238,9 @@ fn bad_requests(dsm: &D) {
 /// everywhere; thread-local blocks are created once.
 fn slots(dsm: &D) {
     let (me, n) = (dsm.rank(), dsm.nprocs());
-    let stacks = dsm.stacks().expect("a stack region by default");
+    assert!(dsm.stacks().is_none(), "created on demand");
+    let stacks = dsm.create_stacks().unwrap();
+    assert!(core::ptr::eq(stacks, dsm.create_stacks().unwrap()), "once");
     assert_eq!(stacks.kind(), RegionKind::Stacks);
     assert_eq!(stacks.slot_size(), 128 * 1024);
     let per = stacks.slots_per_process();

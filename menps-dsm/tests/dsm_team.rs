@@ -38,18 +38,7 @@ fn job_entry() {
     // Before the DSM starts, the handle says so.
     assert_eq!(process::with(|d| d.rank()), Err(DsmError::NotRunning));
     assert!(!process::is_running());
-    let com: AnyCom<OsThreads> = menps_dsm::launch::Builder::new()
-        .nprocs(2)
-        .grace(std::time::Duration::from_secs(3))
-        .init_or_relaunch()
-        .unwrap_or_else(|e| {
-            eprintln!("cannot join the job: {e}");
-            std::process::exit(3)
-        });
-    let dsm = D::new(com).unwrap_or_else(|e| {
-        eprintln!("cannot start the DSM: {e}");
-        std::process::exit(3)
-    });
+    let dsm: D = start_dsm_job();
     let me = dsm.rank();
     match name.as_str() {
         "team_barrier" => team_barrier(&dsm),
@@ -194,6 +183,12 @@ fn handle(dsm: &D) {
     if me == n - 1 {
         process::with(|d| d.free(p)).unwrap().unwrap();
     }
+    assert_eq!(
+        process::with(|d| d.stacks().map(|s| s.slot_size())).unwrap(),
+        None,
+        "no stack region before it is asked for"
+    );
+    dsm.create_stacks().unwrap();
     assert_eq!(
         process::with(|d| d.stacks().map(|s| s.slot_size())).unwrap(),
         Some(128 * 1024)

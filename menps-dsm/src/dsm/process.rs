@@ -249,7 +249,7 @@ impl<C: Communicator + 'static, U: UltItf> ProcessDsm for Handle<C, U> {
         self.space.unpin(addr as usize, len)
     }
     fn stacks(&self) -> Option<&SlotRegion> {
-        self.mem().stacks.as_ref()
+        self.mem().stacks.get()
     }
     fn broadcast(&self, root: usize, buf: &mut [u8]) -> DsmResult<()> {
         self.space.check()?;

@@ -37,11 +37,12 @@ pub(crate) struct SyncState<U: UltItf> {
     sig_win: WindowId,
     /// Mutex words and LAD slots.
     mutex_win: WindowId,
-    /// The mutex id bitmap (at rank 0).
+    /// At rank 0: the mutex id bitmap, then the keys of keyed mutexes (one
+    /// word per keyed mutex, `key + 1` once claimed, 0 while free, from
+    /// offset `key_off`).
     alloc_win: WindowId,
-    /// The keys of keyed mutexes (at rank 0): one word per keyed mutex,
-    /// `key + 1` once claimed, 0 while free.
-    key_win: WindowId,
+    /// Offset of the key table in `alloc_win`.
+    key_off: usize,
     /// Keys this process has looked up already.
     keys: std::sync::Mutex<std::collections::HashMap<u64, u32>>,
     /// Bytes of one serialized signature at most.
@@ -64,13 +65,13 @@ impl<U: UltItf> SyncState<U> {
         let total = 2 * max_mutexes + ATOMIC_SLOTS;
         let sig_win = com.create_window(2 * sig_bytes)?;
         let mutex_win = com.create_window(total * mutex_slot)?;
-        let alloc_win = com.create_window(max_mutexes.div_ceil(64) * 8)?;
-        let key_win = com.create_window(max_mutexes * 8)?;
+        let key_off = max_mutexes.div_ceil(64) * 8;
+        let alloc_win = com.create_window(key_off + max_mutexes * 8)?;
         Ok(SyncState {
             sig_win,
             mutex_win,
             alloc_win,
-            key_win,
+            key_off,
             keys: std::sync::Mutex::new(std::collections::HashMap::new()),
             sig_bytes,
             mutex_slot,
@@ -257,7 +258,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let start = ((h ^ (h >> 32)) % n as u64) as usize;
         for i in 0..n {
             let k = (start + i) % n;
-            let word = s.key_win.at(0, (k * 8) as u64);
+            let word = s.alloc_win.at(0, (s.key_off + k * 8) as u64);
             let mut v = self.com.atomic_load(word)?;
             if v == 0 {
                 v = self.com.compare_and_swap(word, 0, stored)?;

@@ -17,6 +17,27 @@ use menps_dsm::com::{Communicator, Error, RemotePtr, RmaRequest, Source, WindowI
 
 pub const SCENARIO: &str = "MENPS_TEST_SCENARIO";
 
+/// The DSM of the job scenarios: any backend, OS threads.
+pub type JobDsm = menps_dsm::dsm::Dsm<menps_dsm::com::AnyCom<ct_worker::OsThreads>>;
+
+/// In a job process: joins the job (2 processes unless `MENPS_NPROCS` says
+/// otherwise, or the `mpirun` job; a 3 s grace after a failure) and starts
+/// the DSM. A failure ends the process with status 3 and a message.
+pub fn start_dsm_job() -> JobDsm {
+    let com = menps_dsm::launch::Builder::new()
+        .nprocs(2)
+        .grace(Duration::from_secs(3))
+        .init_or_relaunch()
+        .unwrap_or_else(|e| {
+            eprintln!("cannot join the job: {e}");
+            std::process::exit(3)
+        });
+    JobDsm::new(com).unwrap_or_else(|e| {
+        eprintln!("cannot start the DSM: {e}");
+        std::process::exit(3)
+    })
+}
+
 /// The DSM policy combinations every DSM suite runs its scenarios under:
 /// writer, invalidation, and fast release / fast read (both on or off).
 pub const DSM_POLICIES: [(&str, &str, &str); 7] = [

@@ -21,18 +21,7 @@ pub fn job_entry() {
     if name == "ult_faults" {
         return ult_faults();
     }
-    let com: AnyCom<OsThreads> = menps_dsm::launch::Builder::new()
-        .nprocs(2)
-        .grace(std::time::Duration::from_secs(3))
-        .init_or_relaunch()
-        .unwrap_or_else(|e| {
-            eprintln!("cannot join the job: {e}");
-            std::process::exit(3)
-        });
-    let dsm = D::new(com).unwrap_or_else(|e| {
-        eprintln!("cannot start the DSM: {e}");
-        std::process::exit(3)
-    });
+    let dsm: D = super::common::start_dsm_job();
     let me = dsm.rank();
     match name.as_str() {
         "producer_consumer" => producer_consumer(&dsm),

@@ -12,7 +12,7 @@
 //! | [`Segment`](RegionKind::Segment) | [`Dsm::alloc_segment`] | the next user slot |
 //! | [`Heap`](RegionKind::Heap) | start-up (`heap_size > 0`) | a fixed runtime slot |
 //! | [`Globals`](RegionKind::Globals) | start-up, when the program has [`dsm_global!`](crate::dsm_global)s | a fixed runtime slot |
-//! | [`Stacks`](RegionKind::Stacks) | start-up (`stacks_per_process > 0`) | a fixed runtime slot |
+//! | [`Stacks`](RegionKind::Stacks) | [`Dsm::create_stacks`] (by the first [`Team`](super::team::Team)) | a fixed runtime slot |
 //! | [`ThreadLocal`](RegionKind::ThreadLocal) | [`Dsm::create_thread_local_blocks`] | a fixed runtime slot |
 //! | [`Adopted`](RegionKind::Adopted) | [`Dsm::adopt_range`] | its own address |
 //!
@@ -79,7 +79,7 @@ use map::Request;
 pub(crate) struct MemState<U: UltItf> {
     pub(crate) heap: Option<Heap<U>>,
     pub(crate) globals: bool,
-    pub(crate) stacks: Option<SlotRegion>,
+    pub(crate) stacks: OnceLock<SlotRegion>,
     pub(crate) tls: OnceLock<SlotRegion>,
 }
 
@@ -88,7 +88,7 @@ impl<U: UltItf> Default for MemState<U> {
         MemState {
             heap: None,
             globals: false,
-            stacks: None,
+            stacks: OnceLock::new(),
             tls: OnceLock::new(),
         }
     }
@@ -106,17 +106,13 @@ impl<U: UltItf> MemState<U> {
 }
 
 impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
-    /// Sets up the heap, the globals and the stacks (collective; called once
-    /// by [`Dsm::with_config`]).
+    /// Sets up the heap and the globals (collective; called once by
+    /// [`Dsm::with_config`]).
     pub(super) fn init_memory(&mut self) -> DsmResult<()> {
         if self.space.cfg.heap_size > 0 {
             self.mem.heap = Some(Heap::create(self.space)?);
         }
         self.mem.globals = super::globals::init(self.space)?;
-        let (size, n) = (self.space.cfg.stack_size, self.space.cfg.stacks_per_process);
-        if n > 0 {
-            self.mem.stacks = Some(self.slot_region(RegionKind::Stacks, size, true, n)?);
-        }
         Ok(())
     }
 
@@ -190,9 +186,30 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         self.space.regions()
     }
 
-    /// The call-stack region (`None` if `stacks_per_process` is 0).
+    /// The call-stack region, once created ([`Dsm::create_stacks`]).
     pub fn stacks(&self) -> Option<&SlotRegion> {
-        self.mem.stacks.as_ref()
+        self.mem.stacks.get()
+    }
+
+    /// Collectively creates the call-stack region (`stacks_per_process`
+    /// stacks of `stack_size` bytes per process, `MENPS_DSM_STACKS` and
+    /// `MENPS_DSM_STACK_SIZE`), or returns it if it exists. Every process
+    /// calls it (a [`Team`](super::team::Team) does, when it is created);
+    /// programs without user-level threads on DSM stacks never pay for it.
+    pub fn create_stacks(&self) -> DsmResult<&SlotRegion> {
+        if let Some(s) = self.mem.stacks.get() {
+            return Ok(s);
+        }
+        let (size, n) = (self.space.cfg.stack_size, self.space.cfg.stacks_per_process);
+        let r = if n == 0 {
+            // Refused in every process alike (the configuration is agreed).
+            Err(DsmError::Config(
+                "the DSM is configured without call stacks (MENPS_DSM_STACKS is 0)".into(),
+            ))
+        } else {
+            self.slot_region(RegionKind::Stacks, size, true, n)
+        }?;
+        Ok(self.mem.stacks.get_or_init(|| r))
     }
 
     /// Collectively creates the region of thread-local blocks: `per_process`

@@ -151,16 +151,13 @@ pub struct Team<'d, C: Communicator + 'static, U: UltItf> {
 }
 
 impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
-    /// A team runtime of `workers` worker OS threads in this process (not
-    /// collective). Its threads take their stacks from the DSM's stack
-    /// region ([`Dsm::stacks`]), so at most `stacks_per_process` of them
+    /// Collectively creates a team runtime of `workers` worker OS threads
+    /// in this process (every process calls it; the first team creates the
+    /// DSM's stack region, [`Dsm::create_stacks`]). Its threads take their
+    /// stacks from that region, so at most `stacks_per_process` of them
     /// (`MENPS_DSM_STACKS`) can exist at once in a process, `main` included.
     pub fn new(dsm: &'d Dsm<C, U>, workers: usize) -> DsmResult<Self> {
-        let stacks = dsm.stacks().ok_or_else(|| {
-            DsmError::Config(
-                "the DSM has no stack region (MENPS_DSM_STACKS is 0): a team needs one".into(),
-            )
-        })?;
+        let stacks = dsm.create_stacks()?;
         // SAFETY: the team borrows `dsm` for 'd and owns the runtime, which
         // it stops (drops) before the borrow ends; the stack region and the
         // space live as long as the `Dsm`.
