@@ -194,8 +194,9 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// Collectively creates the call-stack region (`stacks_per_process`
     /// stacks of `stack_size` bytes per process, `MENPS_DSM_STACKS` and
     /// `MENPS_DSM_STACK_SIZE`), or returns it if it exists. Every process
-    /// calls it (a [`Team`](super::team::Team) does, when it is created);
-    /// programs without user-level threads on DSM stacks never pay for it.
+    /// calls it, from one thread at a time (a [`Team`](super::team::Team)
+    /// does, when it is created); programs without user-level threads on DSM
+    /// stacks never pay for it.
     pub fn create_stacks(&self) -> DsmResult<&SlotRegion> {
         if let Some(s) = self.mem.stacks.get() {
             return Ok(s);

@@ -488,10 +488,10 @@ fn run_team_thread(f: TeamFn, t: &TeamThread<'_>, data: usize) {
         user_code(|| unsafe { f(t, data as *mut u8) })
     }));
     if r.is_err() {
-        eprintln!(
+        super::report_line(&format!(
             "menps-dsm: team thread {} (process {}) panicked: ending the process",
             t.thread_num, t.rank
-        );
+        ));
         // SAFETY: ends the process at once; other threads may be blocked
         // in DSM waits that would never end.
         unsafe { libc::_exit(101) };

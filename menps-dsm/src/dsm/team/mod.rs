@@ -47,6 +47,14 @@ use crate::com::Communicator;
 use crate::dsm::error::DsmResult;
 use crate::dsm::space::Space;
 
+/// Writes `msg` and a newline to stderr in one `write` (a line other
+/// processes' output cannot split; called before the process ends).
+pub(crate) fn report_line(msg: &str) {
+    let line = format!("{msg}\n");
+    // SAFETY: write(2) of a valid buffer to stderr.
+    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}
+
 impl<C: Communicator + 'static, U: UltItf> stacks::StackPinner for Space<C, U> {
     fn pin_stack(&self, addr: usize, len: usize) -> DsmResult<()> {
         self.pin(addr, len)

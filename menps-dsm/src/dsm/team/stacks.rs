@@ -159,7 +159,9 @@ impl SwitchHook for PinHook {
 /// unresolvable fault does.
 #[cold]
 fn fatal(e: &DsmError) -> ! {
-    eprintln!("menps-dsm: fatal: cannot pin a user-level thread's DSM stack: {e}");
+    super::report_line(&format!(
+        "menps-dsm: fatal: cannot pin a user-level thread's DSM stack: {e}"
+    ));
     match e {
         // SAFETY: ends the process without running destructors that could
         // wait for a dead peer.
