@@ -8,36 +8,12 @@
 //! seconds.
 
 use std::hint::black_box;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use ct_bench::{Args, emit, repeat, time_secs};
-use ct_context::{DefaultPolicy, StackRegion};
-use ct_worker::{
-    ChaseLevKind, Config, Custom, LeaveReason, MmapStacks, NoAspect, SwitchHook, UltThread,
-};
+use ct_worker::Config;
 
-/// A switch hook that counts its calls per worker (a stand-in for a DSM's
-/// pin/unpin bookkeeping).
-#[derive(Default)]
-struct CountingHook {
-    counts: [Padded; 32],
-}
-
-#[derive(Default)]
-#[repr(align(128))]
-struct Padded(AtomicU64);
-
-impl SwitchHook for CountingHook {
-    fn entering(&self, worker: usize, _: UltThread<'_>, _: StackRegion) {
-        self.counts[worker % 32].0.fetch_add(1, Ordering::Relaxed);
-    }
-    fn left(&self, worker: usize, _: UltThread<'_>, _: StackRegion, _: LeaveReason) {
-        self.counts[worker % 32].0.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// The default configuration with [`CountingHook`].
-type HookConfig = Custom<DefaultPolicy, ChaseLevKind, NoAspect, MmapStacks, CountingHook>;
+mod common;
+use common::HookConfig;
 
 fn tree_ct_in<C: Config>(leaves: u64) -> u64 {
     if leaves <= 1 {

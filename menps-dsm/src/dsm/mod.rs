@@ -124,7 +124,8 @@ use space::{AtomicOp, Space};
 
 impl<C: Communicator + 'static, U: UltItf> fault::FaultResolver for Space<C, U> {
     fn owns(&self, addr: usize) -> bool {
-        self.locate(addr).is_some() && !self.is_stack_guard(addr)
+        self.locate(addr)
+            .is_some_and(|(seg, idx)| !Self::is_guard_block(seg, idx))
     }
 
     fn is_stack_guard(&self, addr: usize) -> bool {
@@ -311,12 +312,7 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         expected: u64,
         new: u64,
     ) -> DsmResult<Result<u64, u64>> {
-        let old = self.space.atomic(
-            word as usize,
-            AtomicOp::CompareExchange(expected, new),
-            true,
-        )?;
-        Ok(if old == expected { Ok(old) } else { Err(old) })
+        self.space.compare_exchange(word as usize, expected, new)
     }
 
     /// Reads the DSM word at `word` with acquire semantics.

@@ -221,12 +221,7 @@ impl<C: Communicator + 'static, U: UltItf> ProcessDsm for Handle<C, U> {
         expected: u64,
         new: u64,
     ) -> DsmResult<Result<u64, u64>> {
-        let old = self.space.atomic(
-            word as usize,
-            super::space::AtomicOp::CompareExchange(expected, new),
-            true,
-        )?;
-        Ok(if old == expected { Ok(old) } else { Err(old) })
+        self.space.compare_exchange(word as usize, expected, new)
     }
     fn alloc(&self, size: usize, align: usize) -> DsmResult<*mut u8> {
         let h = self.mem().heap()?;
@@ -236,8 +231,9 @@ impl<C: Communicator + 'static, U: UltItf> ProcessDsm for Handle<C, U> {
         self.mem().heap()?.free(self.space, ptr as usize)
     }
     fn usable_size(&self, ptr: *const u8) -> DsmResult<usize> {
-        let h = self.mem().heap()?;
-        h.lookup(&self.space.com, ptr as usize).map(|(_, _, s)| s)
+        self.mem()
+            .heap()?
+            .usable_size(&self.space.com, ptr as usize)
     }
     fn heap_range(&self) -> Option<(usize, usize)> {
         self.mem().heap.as_ref().map(|h| h.range())

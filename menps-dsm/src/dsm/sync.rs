@@ -355,6 +355,19 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     // -----------------------------------------------------------------
     // Atomics
 
+    /// Compare-and-swap of the DSM word at `addr` (acquire and release):
+    /// `Ok(old)` if it was `expected` and is now `new`, `Err(actual)`
+    /// otherwise.
+    pub fn compare_exchange(
+        &self,
+        addr: usize,
+        expected: u64,
+        new: u64,
+    ) -> DsmResult<Result<u64, u64>> {
+        let old = self.atomic(addr, AtomicOp::CompareExchange(expected, new), true)?;
+        Ok(if old == expected { Ok(old) } else { Err(old) })
+    }
+
     /// Applies `op` to the DSM word at `addr` with the given semantics.
     pub fn atomic(&self, addr: usize, op: AtomicOp, release: bool) -> DsmResult<u64> {
         let _rt = self.enter()?;

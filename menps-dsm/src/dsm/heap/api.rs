@@ -52,8 +52,7 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// The usable size of the live heap object at `ptr` (its size class, or
     /// its whole chunks).
     pub fn usable_size(&self, ptr: *const u8) -> DsmResult<usize> {
-        let h = self.heap()?;
-        h.lookup(&self.space.com, ptr as usize).map(|(_, _, s)| s)
+        self.heap()?.usable_size(&self.space.com, ptr as usize)
     }
 
     /// Gives this process's empty chunks back to the chunk table, so that

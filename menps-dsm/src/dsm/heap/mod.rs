@@ -226,6 +226,15 @@ impl<U: UltItf> Heap<U> {
         })
     }
 
+    /// The usable size of the live object at `addr`.
+    pub(crate) fn usable_size<C: Communicator + 'static>(
+        &self,
+        com: &C,
+        addr: usize,
+    ) -> DsmResult<usize> {
+        self.lookup(com, addr).map(|(_, _, s)| s)
+    }
+
     /// The heap's first address and size.
     pub(crate) fn range(&self) -> (usize, usize) {
         (self.base, self.size)

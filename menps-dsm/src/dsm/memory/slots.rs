@@ -14,7 +14,6 @@
 //! there and the process ends with "stack overflow in user-level thread",
 //! instead of writing into the next thread's stack.
 
-use core::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::dsm::error::{DsmError, DsmResult};
@@ -34,7 +33,6 @@ pub struct SlotRegion {
     /// Free slots of this process (indices into its share), and which are
     /// taken.
     free: Mutex<Free>,
-    taken: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -71,7 +69,6 @@ impl SlotRegion {
                 list: (0..per_process).rev().collect(),
                 taken: vec![false; per_process],
             }),
-            taken: AtomicUsize::new(0),
         }
     }
 
@@ -98,7 +95,8 @@ impl SlotRegion {
 
     /// Slots of this process taken now.
     pub fn taken(&self) -> usize {
-        self.taken.load(Ordering::Relaxed)
+        let f = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        self.per_process - f.list.len()
     }
 
     /// Bytes from one slot to the next.
@@ -150,7 +148,6 @@ impl SlotRegion {
             ))
         })?;
         f.taken[i] = true;
-        self.taken.fetch_add(1, Ordering::Relaxed);
         Ok(self.slot(self.rank, i).expect("own slot"))
     }
 
@@ -172,7 +169,6 @@ impl SlotRegion {
         }
         f.taken[i] = false;
         f.list.push(i);
-        self.taken.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
 }

@@ -364,10 +364,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// blocks: every stack slot is preceded by one; async-signal-safe).
     #[inline]
     pub fn is_stack_guard(&self, addr: usize) -> bool {
-        matches!(
-            self.locate(addr),
-            Some((seg, idx)) if Some(seg.id) == RegionKind::Stacks.fixed_id() && idx % 2 == 0
-        )
+        self.locate(addr)
+            .is_some_and(|(seg, idx)| Self::is_guard_block(seg, idx))
+    }
+
+    /// Whether block `idx` of `seg` is a stack guard block.
+    #[inline]
+    pub fn is_guard_block(seg: &Segment<U>, idx: usize) -> bool {
+        Some(seg.id) == RegionKind::Stacks.fixed_id() && idx.is_multiple_of(2)
     }
 
     /// Block size of the segment holding `addr`.
