@@ -139,13 +139,18 @@ fn context_add(delta: usize, add: bool) {
 }
 
 /// Marks runtime code while it lives (in the running user-level thread,
-/// wherever it resumes, or in the OS thread).
-pub(crate) struct RuntimeGuard(());
+/// wherever it resumes, or in the OS thread): the [`DsmAllocator`] serves
+/// it from the system heap, even on a DSM call stack. For a runtime built
+/// on the DSM (its process-local bookkeeping must not land in the shared
+/// heap).
+#[derive(Debug)]
+pub struct RuntimeGuard(());
 
 impl RuntimeGuard {
     /// Enters runtime code.
     #[inline]
-    pub(crate) fn enter() -> Self {
+    #[must_use = "runtime code ends when the guard is dropped"]
+    pub fn enter() -> Self {
         context_add(RUNTIME_ONE, true);
         RuntimeGuard(())
     }

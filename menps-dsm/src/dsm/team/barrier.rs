@@ -88,6 +88,15 @@ impl<'d, C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'d, C, U, 
     }
 }
 
+impl<C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'_, C, U, T> {
+    /// Waits until every thread of the team *in this process* has arrived
+    /// (no DSM barrier, no memory made visible to other processes). Returns
+    /// `true` in exactly one of them.
+    pub fn wait_local(&self) -> bool {
+        self.threads_here == 1 || self.local.wait().is_leader()
+    }
+}
+
 impl<C: Communicator + 'static, U: UltItf, T: UltItf> core::fmt::Debug
     for TeamBarrier<'_, C, U, T>
 {

@@ -50,11 +50,16 @@ pub type TeamFn = unsafe fn(&TeamThread<'_>, *mut u8);
 /// What a team barrier offers a team thread, type-erased.
 trait TeamSync: Sync {
     fn wait(&self) -> DsmResult<bool>;
+    fn wait_local(&self) -> bool;
 }
 
 impl<C: Communicator + 'static, U: UltItf, T: UltItf> TeamSync for TeamBarrier<'_, C, U, T> {
     fn wait(&self) -> DsmResult<bool> {
         TeamBarrier::wait(self)
+    }
+
+    fn wait_local(&self) -> bool {
+        TeamBarrier::wait_local(self)
     }
 }
 
@@ -107,6 +112,14 @@ impl TeamThread<'_> {
     /// it. `Ok(true)` in one thread per process.
     pub fn barrier(&self) -> DsmResult<bool> {
         self.barrier.wait()
+    }
+
+    /// The in-process part of the team barrier: returns once every team
+    /// thread of *this process* has called it (true in one of them). It
+    /// makes nothing visible to other processes; for combining values
+    /// within a process before one thread exchanges them.
+    pub fn local_barrier(&self) -> bool {
+        self.barrier.wait_local()
     }
 }
 

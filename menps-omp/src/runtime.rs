@@ -1,0 +1,367 @@
+//! Starting a program: the job, the DSM, the team runtime ([`run`],
+//! [`Builder`]), and the process's runtime state that regions reach.
+
+use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use ct_worker::OsThreads;
+use menps_dsm::com::{AnyCom, Comm};
+use menps_dsm::dsm::config::parse_size;
+use menps_dsm::dsm::team::Team;
+use menps_dsm::dsm::{Dsm, DsmConfig};
+
+use crate::error::Error;
+use crate::schedule::Schedule;
+use crate::worksharing::WsRing;
+
+/// The communicator of a program: the embedded `shm` backend, or MPI under
+/// `mpirun` (with the `mpi` feature).
+pub(crate) type Com = AnyCom<OsThreads>;
+/// The DSM of a program.
+pub(crate) type ProgramDsm = Dsm<Com, OsThreads>;
+
+/// `OMP_NUM_THREADS`: threads of a team (all processes together).
+pub const NUM_THREADS_VAR: &str = "OMP_NUM_THREADS";
+/// `OMP_SCHEDULE`: the schedule of `Schedule::Runtime` loops.
+pub const SCHEDULE_VAR: &str = "OMP_SCHEDULE";
+/// `OMP_STACKSIZE`: the call stack of a team thread (OpenMP syntax: a
+/// number of KiB, or a number with a `B`, `K`, `M` or `G` suffix).
+pub const STACKSIZE_VAR: &str = "OMP_STACKSIZE";
+
+/// How a program runs: processes, team size, schedule, stack size. Values
+/// set here win over the environment (`OMP_NUM_THREADS`, `OMP_SCHEDULE`,
+/// `OMP_STACKSIZE`), which wins over the defaults; the number of processes
+/// follows menps-dsm's launcher, where `MENPS_NPROCS` overrides the
+/// program's choice.
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    processes: Option<usize>,
+    num_threads: Option<usize>,
+    schedule: Option<Schedule>,
+    stack_size: Option<usize>,
+}
+
+/// Settings after the environment.
+#[derive(Debug, Clone)]
+struct Settings {
+    num_threads: Option<usize>,
+    schedule: Schedule,
+    stack_size: Option<usize>,
+}
+
+impl Builder {
+    /// Default settings.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Processes to start when the program is not already part of a job
+    /// (default 1; `MENPS_NPROCS` overrides it, and a job started by
+    /// `menps run -n N` or `mpirun -n N` has N).
+    pub fn processes(mut self, n: usize) -> Self {
+        self.processes = Some(n);
+        self
+    }
+
+    /// Threads of a team, all processes together (default: the processes ×
+    /// the processors of a host divided among its processes, at least one
+    /// each). Must be a multiple of the number of processes.
+    pub fn num_threads(mut self, n: usize) -> Self {
+        self.num_threads = Some(n);
+        self
+    }
+
+    /// The schedule of [`Schedule::Runtime`] loops (default static).
+    pub fn schedule(mut self, s: Schedule) -> Self {
+        self.schedule = Some(s);
+        self
+    }
+
+    /// Bytes of a team thread's call stack (rounded up to a power of two,
+    /// 4 KiB .. 1 MiB; default 128 KiB). `MENPS_DSM_STACK_SIZE` overrides.
+    pub fn stack_size(mut self, bytes: usize) -> Self {
+        self.stack_size = Some(bytes);
+        self
+    }
+
+    fn settings(&self) -> Result<Settings, Error> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let num_threads = match self.num_threads {
+            Some(n) => Some(n),
+            None => var(NUM_THREADS_VAR)
+                .map(|v| {
+                    // OpenMP allows a list (one per nesting level); the first
+                    // counts, nested regions are serial here.
+                    let first = v.split(',').next().unwrap_or("").trim();
+                    first.parse::<usize>().map_err(|_| {
+                        Error::Config(format!(
+                            "{NUM_THREADS_VAR}={v:?}: expected a positive number"
+                        ))
+                    })
+                })
+                .transpose()?,
+        };
+        if num_threads == Some(0) {
+            return Err(Error::Config(format!(
+                "{} of 0 threads: a team has at least one",
+                if self.num_threads.is_some() {
+                    "Builder::num_threads".to_string()
+                } else {
+                    NUM_THREADS_VAR.to_string()
+                }
+            )));
+        }
+        let schedule = match self.schedule {
+            Some(Schedule::Runtime) => {
+                return Err(Error::Config(
+                    "Builder::schedule(Schedule::Runtime): the run-time schedule cannot be itself"
+                        .into(),
+                ));
+            }
+            Some(s) => s,
+            None => var(SCHEDULE_VAR)
+                .map(|v| {
+                    Schedule::parse(&v).map_err(|e| Error::Config(format!("{SCHEDULE_VAR}={e}")))
+                })
+                .transpose()?
+                .unwrap_or_default(),
+        };
+        let stack_size = match self.stack_size {
+            Some(b) => Some(b),
+            None => var(STACKSIZE_VAR)
+                .map(|v| parse_omp_stacksize(&v))
+                .transpose()?,
+        };
+        let stack_size = stack_size
+            .map(|b| {
+                let p = b.max(4096).next_power_of_two();
+                if p > 1 << 20 {
+                    Err(Error::Config(format!(
+                        "a stack of {b} bytes: team threads' stacks are at most 1 MiB (one DSM \
+                         block)"
+                    )))
+                } else {
+                    Ok(p)
+                }
+            })
+            .transpose()?;
+        Ok(Settings {
+            num_threads,
+            schedule,
+            stack_size,
+        })
+    }
+
+    /// Runs `main` as the program: on process 0, on a DSM call stack, with
+    /// every parallel region's team spread over all processes; returns its
+    /// value there. The other processes serve the regions and, when `main`
+    /// returns, **exit** (status 0, or 1 with a message on an error) without
+    /// returning from `run`.
+    ///
+    /// When the program is not part of a job yet, `run` first starts one
+    /// ([`Builder::processes`] processes running this executable, which
+    /// re-enter `run`) and exits with its status.
+    ///
+    /// `main` is a function, not a closure: it captures nothing from the
+    /// caller, whose locals and heap live outside the DSM.
+    ///
+    /// # Errors
+    ///
+    /// Invalid settings, a job that cannot start, a DSM failure, or a panic
+    /// of `main` outside parallel regions ([`Error::Panicked`]). A panic
+    /// inside a parallel region ends its process with status 101 and a
+    /// message (the team's other threads could never pass their next
+    /// barrier); the other processes then fail and exit non-zero.
+    pub fn run<R: Send>(self, main: fn() -> R) -> Result<R, Error> {
+        if runtime().is_some() {
+            return Err(Error::Config(
+                "menps_omp::run is already running in this process".into(),
+            ));
+        }
+        let settings = self.settings()?;
+        let com: Com = menps_dsm::launch::Builder::new()
+            .nprocs(self.processes.unwrap_or(1))
+            .init_or_relaunch()?;
+        let rank = com.rank();
+        match run_in_job(com, &settings, main) {
+            Ok(Some(v)) => Ok(v),
+            Err(e) if rank == 0 => Err(e),
+            Ok(None) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("{e} (process {rank})");
+                std::process::exit(1)
+            }
+        }
+    }
+}
+
+/// Parses `OMP_STACKSIZE`: a number of KiB, or with a B/K/M/G suffix.
+fn parse_omp_stacksize(v: &str) -> Result<usize, Error> {
+    let t = v.trim();
+    let t = match t.strip_suffix(['b', 'B']) {
+        Some(bytes) => {
+            return parse_size(STACKSIZE_VAR, bytes).map_err(|e| Error::Config(e.to_string()));
+        }
+        None => t,
+    };
+    let with_unit = if t.ends_with(|c: char| c.is_ascii_digit()) {
+        format!("{t}k")
+    } else {
+        t.to_string()
+    };
+    parse_size(STACKSIZE_VAR, &with_unit).map_err(|_| {
+        Error::Config(format!(
+            "{STACKSIZE_VAR}={v:?}: expected a size such as 512K, 1M or 65536B"
+        ))
+    })
+}
+
+/// Runs the program in a job already joined.
+fn run_in_job<R: Send>(com: Com, s: &Settings, main: fn() -> R) -> Result<Option<R>, Error> {
+    let nprocs = com.size();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let team_default = match s.num_threads {
+        Some(n) if n % nprocs != 0 => {
+            return Err(Error::Config(format!(
+                "a team of {n} threads over {nprocs} processes: the team size \
+                 ({NUM_THREADS_VAR} or Builder::num_threads) must be a multiple of the number of \
+                 processes"
+            )));
+        }
+        Some(n) => n,
+        None => nprocs * (cpus / nprocs).max(1),
+    };
+    let tpp = team_default / nprocs;
+    let mut cfg = DsmConfig::default();
+    if let Some(b) = s.stack_size {
+        cfg.stack_size = b;
+    }
+    // Room for main, the serving thread, the team threads and tasks.
+    cfg.stacks_per_process = cfg.stacks_per_process.max(4 * tpp + 8);
+    let cfg = cfg.with_env()?;
+    let dsm: &'static ProgramDsm = Box::leak(Box::new(Dsm::with_config(com, cfg)?));
+    let r = run_with_dsm(dsm, s, team_default, tpp, main);
+    // SAFETY: `dsm` was leaked above; the runtime that borrowed it is gone
+    // (`run_with_dsm` dropped it), so this is the only reference.
+    let dsm = unsafe { Box::from_raw(dsm as *const ProgramDsm as *mut ProgramDsm) };
+    let f = dsm.finalize();
+    let v = r?;
+    f?;
+    Ok(v)
+}
+
+fn run_with_dsm<R: Send>(
+    dsm: &'static ProgramDsm,
+    s: &Settings,
+    team_default: usize,
+    tpp: usize,
+    main: fn() -> R,
+) -> Result<Option<R>, Error> {
+    let ring = WsRing::new(dsm)?;
+    let team = Team::new(dsm, tpp)?;
+    let locals = dsm.stacks().map_or(0, |st| st.slots_per_process());
+    let rt = Box::new(Runtime {
+        dsm,
+        team,
+        ring,
+        team_size: AtomicUsize::new(team_default),
+        schedule: AtomicU64::new(s.schedule.encode()),
+        next_seq: AtomicU64::new(0),
+        next_region: AtomicU64::new(0),
+        active: AtomicUsize::new(0),
+        locals: (0..locals).map(|_| LocalSlot::default()).collect(),
+        shared_mut: Mutex::new(Vec::new()),
+    });
+    RUNTIME.store(&*rt as *const Runtime as *mut Runtime, Ordering::Release);
+    let out = rt.team.run_main(|| {
+        std::panic::catch_unwind(main).map_err(|p| {
+            p.downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a non-string panic".into())
+        })
+    });
+    RUNTIME.store(core::ptr::null_mut(), Ordering::Release);
+    let Runtime { ring, team, .. } = *rt;
+    drop(team);
+    let freed = ring.free(dsm);
+    let out = out?;
+    freed?;
+    match out {
+        Some(Ok(v)) => Ok(Some(v)),
+        Some(Err(msg)) => Err(Error::Panicked(msg)),
+        // Processes other than 0 served the regions.
+        None => Ok(None),
+    }
+}
+
+/// Starts the program with the default settings: [`Builder::run`].
+///
+/// ```no_run
+/// fn main() -> Result<(), menps_omp::Error> {
+///     let sum = menps_omp::run(program)?;
+///     println!("sum = {sum}");
+///     Ok(())
+/// }
+///
+/// fn program() -> u64 {
+///     let data: Vec<u64> = (0..1000).collect(); // in the DSM heap
+///     menps_omp::parallel_reduce(0..data.len(), 0, |acc, i| acc + data[i], |a, b| a + b)
+/// }
+/// ```
+pub fn run<R: Send>(main: fn() -> R) -> Result<R, Error> {
+    Builder::new().run(main)
+}
+
+/// Where a team thread of this process publishes what a reduction combines
+/// (a pointer to its value, and one to where the result goes).
+#[derive(Debug, Default)]
+pub(crate) struct LocalSlot {
+    pub part: AtomicUsize,
+    pub out: AtomicUsize,
+}
+
+/// A mutable work-sharing loop running in this process: the slice's
+/// address, the construct (region id, loop number), the threads in it.
+pub(crate) type MutLoop = (usize, (u64, u64), usize);
+
+/// The runtime of this process while [`run`] runs.
+pub(crate) struct Runtime {
+    pub dsm: &'static ProgramDsm,
+    pub team: Team<'static, Com, OsThreads>,
+    pub ring: WsRing,
+    /// Team size of regions without `num_threads` (process 0).
+    pub team_size: AtomicUsize,
+    /// The run-time schedule, encoded (process 0).
+    pub schedule: AtomicU64,
+    /// Next work-sharing sequence number (process 0).
+    pub next_seq: AtomicU64,
+    /// Next region id (process 0).
+    pub next_region: AtomicU64,
+    /// Team threads of this process inside a region.
+    pub active: AtomicUsize,
+    /// Reduction exchange, one per team thread of this process.
+    pub locals: Box<[LocalSlot]>,
+    /// Work-sharing loops over a `SharedMut` running in this process:
+    /// (address, construct).
+    pub shared_mut: Mutex<Vec<MutLoop>>,
+}
+
+static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(core::ptr::null_mut());
+
+/// The runtime of this process, while [`run`] runs.
+pub(crate) fn runtime() -> Option<&'static Runtime> {
+    let p = RUNTIME.load(Ordering::Acquire);
+    // SAFETY: `run_with_dsm` publishes a pointer to its boxed runtime and
+    // clears it before dropping the box; everything that reads it (team
+    // threads, main) runs inside `run_main`, which ends before that.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
+/// The runtime, or a panic naming the misuse.
+#[track_caller]
+pub(crate) fn expect_runtime(what: &str) -> &'static Runtime {
+    runtime().unwrap_or_else(|| {
+        panic!("menps-omp: {what} is called outside menps_omp::run (start the program with it)")
+    })
+}
