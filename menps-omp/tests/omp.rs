@@ -558,3 +558,37 @@ fn bad_settings_are_errors_that_name_the_variable() {
         assert!(all.contains(needle), "{env:?}: {}", run.dump());
     }
 }
+
+/// The same constructs in a job started by `mpirun` (MPI backend).
+#[cfg(feature = "mpi")]
+#[test]
+fn constructs_under_mpirun() {
+    for (procs, threads) in [(2, 1), (2, 2)] {
+        let team = (procs * threads).to_string();
+        let run = mpirun_job(
+            "constructs",
+            procs,
+            &[("OMP_NUM_THREADS", &team), ("OMP_STACKSIZE", "1M")],
+        );
+        assert!(run.status.success(), "{procs}×{threads}: {}", run.dump());
+        assert!(
+            run.stdout
+                .contains(&format!("rank 0: ok team {team} over {procs} processes")),
+            "{}",
+            run.dump()
+        );
+    }
+}
+
+/// A team thread's panic under `mpirun`: the job fails, nothing hangs.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_panicking_team_thread_under_mpirun() {
+    let run = mpirun_job("panic", 2, &[("OMP_NUM_THREADS", "2")]);
+    assert!(!run.status.success(), "{}", run.dump());
+    assert!(
+        run.stderr.contains("deliberate panic in thread"),
+        "{}",
+        run.dump()
+    );
+}

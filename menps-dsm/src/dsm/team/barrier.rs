@@ -32,7 +32,8 @@ pub struct TeamBarrier<'d, C: Communicator + 'static, U: UltItf, T: UltItf = U> 
 }
 
 impl<'d, C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'d, C, U, T> {
-    /// A team barrier for `threads_here` threads of this process.
+    /// A team barrier for `threads_here` threads of this process (in a job
+    /// of one process, the in-process barrier alone).
     ///
     /// # Panics
     ///
@@ -42,7 +43,9 @@ impl<'d, C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'d, C, U, 
             dsm,
             local: Barrier::new_in(threads_here),
             threads_here,
-            local_only: false,
+            // With one process, its threads share its copy of every block:
+            // the in-process barrier is all a team barrier needs.
+            local_only: dsm.nprocs() == 1,
         }
     }
 

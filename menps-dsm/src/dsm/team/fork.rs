@@ -456,7 +456,12 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         // code is user code again (`run_team_thread`).
         let _rt = RuntimeGuard::enter();
         let dsm = self.dsm;
-        dsm.barrier()?;
+        // One process: its threads share its copy of every block; the
+        // scope's join orders their writes before `main`'s later reads.
+        let one = dsm.nprocs() == 1;
+        if !one {
+            dsm.barrier()?;
+        }
         let (rank, nprocs) = (dsm.rank(), dsm.nprocs());
         let all = target == ALL;
         if all || target == rank as u64 {
@@ -487,7 +492,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
                 }
             });
         }
-        dsm.barrier()
+        if one { dsm.check() } else { dsm.barrier() }
     }
 }
 
