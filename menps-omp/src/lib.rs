@@ -67,8 +67,8 @@
 //!   atomic only on one process's copy of a page. Use [`sync::Mutex`],
 //!   [`sync::AtomicU64`], [`Thread::critical`] or reductions.
 //! - `thread_local!` and `static` variables: each process (and each OS
-//!   thread) has its own. Use DSM globals (`menps_dsm::dsm_global!`) for
-//!   shared statics and per-thread arrays indexed by
+//!   thread) has its own. Use DSM globals ([`dsm_global!`], [`global_ptr`])
+//!   for shared statics and per-thread arrays indexed by
 //!   [`Thread::thread_num`] for per-thread data.
 //! - Data created before [`run`] (it is in the process's private heap):
 //!   `main` is a plain `fn`, so it cannot capture any.
@@ -114,7 +114,7 @@ pub use error::Error;
 pub use loops::{Loop, Ordered};
 pub use reduce::parallel_reduce;
 pub use region::{
-    Parallel, Thread, in_parallel, max_threads, num_processes, parallel, process_rank, schedule,
+    Parallel, Thread, global_ptr, in_parallel, max_threads, num_processes, parallel, process_rank, schedule,
     set_num_threads, set_schedule, wtime,
 };
 pub use runtime::{Builder, NUM_THREADS_VAR, SCHEDULE_VAR, STACKSIZE_VAR, run};
@@ -125,6 +125,11 @@ pub use tasks::{TaskScope, task_scope};
 
 /// menps-dsm's statistics of one process.
 pub use menps_dsm::dsm::StatsSnapshot;
+/// A global variable in the DSM, declared with [`dsm_global!`].
+pub use menps_dsm::dsm::DsmGlobal;
+/// Declares global variables that live in the DSM (shared by every
+/// process); [`global_ptr`] gives their address.
+pub use menps_dsm::dsm_global;
 
 #[cfg(feature = "global-allocator")]
 #[global_allocator]

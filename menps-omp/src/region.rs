@@ -8,6 +8,7 @@ use core::mem::MaybeUninit;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use menps_dsm::com::Coll;
+use menps_dsm::dsm::DsmGlobal;
 use menps_dsm::dsm::allocator::RuntimeGuard;
 use menps_dsm::dsm::team::TeamThread;
 
@@ -256,6 +257,19 @@ pub fn process_rank() -> usize {
 /// Processes of the job (1 outside a job).
 pub fn num_processes() -> usize {
     crate::runtime::runtime().map_or(1, |rt| rt.dsm.nprocs())
+}
+
+/// The address of a DSM global declared with
+/// [`dsm_global!`](crate::dsm_global): the same in every process, valid
+/// while [`run`](crate::run) runs. Access it under the DSM's rules, as any
+/// shared data: written before a barrier (or under a critical section)
+/// and read after it.
+///
+/// # Panics
+///
+/// Outside [`run`](crate::run).
+pub fn global_ptr<T: Copy + Send + Sync + 'static>(g: &DsmGlobal<T>) -> *mut T {
+    g.get(expect_runtime("menps_omp::global_ptr").dsm)
 }
 
 /// A parallel region with clauses: `Parallel::new().num_threads(4).run(f)`.

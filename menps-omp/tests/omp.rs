@@ -53,6 +53,7 @@ fn constructs() -> String {
     recursion();
     tasks();
     nested();
+    globals(n);
     let stats = menps_omp::process_stats();
     assert_eq!(stats.len(), procs);
     format!("team {n} over {procs} processes")
@@ -402,6 +403,32 @@ fn nested() {
         t.for_range(0..1).each_mut(&out, |_, x| *x = team[0]);
     });
     assert_eq!(inner[0], 1);
+}
+
+menps_omp::dsm_global! {
+    /// A counter every thread increments under a critical section.
+    static HITS: u64 = 0;
+    /// A table main overwrites before the region.
+    static TABLE: [u32; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+}
+
+/// DSM globals are shared by every process.
+fn globals(n: usize) {
+    let (hits, table) = (menps_omp::global_ptr(&HITS), menps_omp::global_ptr(&TABLE));
+    let (h, tb) = (hits as usize, table as usize);
+    // SAFETY: no region runs; the fork publishes the write.
+    unsafe { (*table)[7] = 80 };
+    menps_omp::parallel(|t| {
+        // SAFETY: written by main before the region, only read here.
+        let sum: u32 = unsafe { (*(tb as *const [u32; 8])).iter().sum() };
+        assert_eq!(sum, 1 + 2 + 3 + 4 + 5 + 6 + 7 + 80);
+        // SAFETY: the critical section orders the increments.
+        t.critical(|| unsafe { *(h as *mut u64) += 1 });
+    });
+    // SAFETY: the region's end published every increment.
+    assert_eq!(unsafe { *hits }, n as u64);
+    // SAFETY: as above; no region runs.
+    unsafe { *hits = 0 };
 }
 
 /// The last thread of the team panics inside a region.
