@@ -78,6 +78,11 @@ pub trait UltItf: Send + Sync + 'static {
     fn worker_index() -> usize;
     /// Number of workers.
     fn num_workers() -> usize;
+    /// Whether [`UltItf::spawn`] is cheap enough to fork a few helpers
+    /// for a job of some hundred microseconds (user-level threads: yes;
+    /// OS threads, whose creation costs tens of microseconds and competes
+    /// with the caller's peers for the processors: no).
+    const CHEAP_SPAWN: bool = false;
     /// Whether the caller runs on a worker that runs idle hooks
     /// ([`crate::idle`]); `false` for libraries without them.
     fn runs_idle_hooks() -> bool {
@@ -162,6 +167,8 @@ impl<C: Config> UltItf for Ult<C> {
     fn num_workers() -> usize {
         current_info().map_or(1, |(_, _, n)| n)
     }
+
+    const CHEAP_SPAWN: bool = true;
 
     fn runs_idle_hooks() -> bool {
         crate::idle::runs_idle_hooks()

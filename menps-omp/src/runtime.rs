@@ -28,6 +28,10 @@ pub const SCHEDULE_VAR: &str = "OMP_SCHEDULE";
 /// number of KiB, or a number with a `B`, `K`, `M` or `G` suffix).
 pub const STACKSIZE_VAR: &str = "OMP_STACKSIZE";
 
+/// Write notices a signature keeps in programs of this runtime (unless
+/// `MENPS_DSM_WN_LIST` says otherwise).
+const OMP_WN_LIST: usize = 16 * 1024;
+
 /// How a program runs: processes, team size, schedule, stack size. Values
 /// set here win over the environment (`OMP_NUM_THREADS`, `OMP_SCHEDULE`,
 /// `OMP_STACKSIZE`), which wins over the defaults; the number of processes
@@ -238,6 +242,11 @@ fn run_in_job<R: Send>(com: Com, s: &Settings, main: fn() -> R) -> Result<Option
     }
     // Room for main, the serving thread, the team threads and tasks.
     cfg.stacks_per_process = cfg.stacks_per_process.max(4 * tpp + 8);
+    // OpenMP loops write every page of their arrays between two barriers;
+    // a write-notice list shorter than that truncates at every barrier,
+    // and a truncated signature invalidates every copy (a 2-D stencil of
+    // 8 MiB over 2 processes ran 2-3x slower with the DSM's default 1024).
+    cfg.wn_list_len = cfg.wn_list_len.max(OMP_WN_LIST);
     let cfg = cfg.with_env()?;
     let dsm: &'static ProgramDsm = Box::leak(Box::new(Dsm::with_config(com, cfg)?));
     let r = run_with_dsm(dsm, s, team_default, tpp, main);

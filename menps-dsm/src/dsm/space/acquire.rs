@@ -12,7 +12,7 @@ use super::super::config::InvalidationPolicy;
 use super::super::error::DsmResult;
 use super::super::segment::{BlockMeta, BlockState, Segment};
 use super::super::signature::{Signature, WriteNotice};
-use super::{PARALLEL_RELEASE_MIN as PARALLEL_MIN, Space, TxKind, bump};
+use super::{PARALLEL_RELEASE_MIN as PARALLEL_MIN, Space, TxKind, bump, parallel_min};
 
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     // ---------------------------------------------------------------
@@ -53,7 +53,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             return self.drain_invalidations();
         }
         let notices = sig.notices().to_vec();
-        if notices.len() >= PARALLEL_MIN && U::num_workers() > 1 {
+        if notices.len() >= parallel_min::<U>() && U::num_workers() > 1 {
             self.apply_notices_parallel(notices)?;
         } else {
             self.apply_notices(&notices)?;

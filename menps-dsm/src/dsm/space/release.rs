@@ -9,7 +9,7 @@ use crate::com::Communicator;
 
 use super::super::error::DsmResult;
 use super::super::segment::Segment;
-use super::{PARALLEL_RELEASE_MIN, Space, TxKind};
+use super::{PARALLEL_RELEASE_MIN, Space, TxKind, parallel_min};
 
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Releases block `idx` if it is in the write set.
@@ -36,7 +36,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // Local stores are visible before lock words are read (fast release).
         fence(Ordering::SeqCst);
         let blocks = core::mem::take(&mut *self.write_set.lock());
-        let parallel = blocks.len() >= PARALLEL_RELEASE_MIN && U::num_workers() > 1;
+        let parallel = blocks.len() >= parallel_min::<U>() && U::num_workers() > 1;
         let (keep, result) = if parallel {
             self.release_parallel(blocks, U::num_workers())
         } else {
