@@ -58,7 +58,9 @@
 //! | locks, `atomic` | [`sync::Mutex`], [`sync::AtomicU64`] |
 //!
 //! Writing a slice in parallel needs no `unsafe`: wrap it in a
-//! [`SharedMut`] and use [`Loop::each_mut`] or [`Loop::chunks_mut`].
+//! [`SharedMut`] and use [`Loop::each_mut`] or [`Loop::chunks_mut`]; read
+//! what the threads wrote, in a later phase of the same region, through
+//! [`SharedMut::view`].
 //!
 //! # What does not work across processes
 //!
@@ -114,19 +116,19 @@ pub use error::Error;
 pub use loops::{Loop, Ordered};
 pub use reduce::parallel_reduce;
 pub use region::{
-    Parallel, Thread, global_ptr, in_parallel, max_threads, num_processes, parallel, process_rank, schedule,
-    set_num_threads, set_schedule, wtime,
+    Parallel, Thread, global_ptr, in_parallel, max_threads, num_processes, parallel, process_rank,
+    schedule, set_num_threads, set_schedule, wtime,
 };
 pub use runtime::{Builder, NUM_THREADS_VAR, SCHEDULE_VAR, STACKSIZE_VAR, run};
 pub use schedule::{Schedule, static_block};
-pub use shared::SharedMut;
+pub use shared::{SharedMut, SharedView};
 pub use stats::process_stats;
 pub use tasks::{TaskScope, task_scope};
 
-/// menps-dsm's statistics of one process.
-pub use menps_dsm::dsm::StatsSnapshot;
 /// A global variable in the DSM, declared with [`dsm_global!`].
 pub use menps_dsm::dsm::DsmGlobal;
+/// menps-dsm's statistics of one process.
+pub use menps_dsm::dsm::StatsSnapshot;
 /// Declares global variables that live in the DSM (shared by every
 /// process); [`global_ptr`] gives their address.
 pub use menps_dsm::dsm_global;

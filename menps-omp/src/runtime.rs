@@ -330,8 +330,8 @@ pub(crate) struct LocalSlot {
     pub out: AtomicUsize,
 }
 
-/// A mutable work-sharing loop running in this process: the slice's
-/// address, the construct (region id, loop number), the threads in it.
+/// A use of a `SharedMut` in this process: the slice's address, the use
+/// (a loop's region id and number, or views), the user-level thread.
 pub(crate) type MutLoop = (usize, (u64, u64), usize);
 
 /// The runtime of this process while [`run`] runs.

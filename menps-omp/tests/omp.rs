@@ -26,6 +26,7 @@ fn job_entry() {
         "panic" => team_panic,
         "main_panic" => main_panic,
         "settings" => settings,
+        "alias" => alias,
         other => panic!("unknown scenario {other}"),
     };
     match menps_omp::Builder::new().processes(2).run(main) {
@@ -54,6 +55,7 @@ fn constructs() -> String {
     tasks();
     nested();
     globals(n);
+    views();
     let stats = menps_omp::process_stats();
     assert_eq!(stats.len(), procs);
     format!("team {n} over {procs} processes")
@@ -431,6 +433,66 @@ fn globals(n: usize) {
     unsafe { *hits = 0 };
 }
 
+/// Phases of one region exchange data through views: a 1-D Jacobi
+/// relaxation whose every sweep reads the other buffer's neighbours, equal
+/// to a serial run bit for bit.
+fn views() {
+    const N: usize = 3000;
+    const SWEEPS: usize = 40;
+    let init = |i: usize| {
+        if i == 0 || i == N - 1 {
+            1.0
+        } else {
+            (i % 17) as f64
+        }
+    };
+    let mut a: Vec<f64> = (0..N).map(init).collect();
+    let mut b = a.clone();
+    let mut serial = a.clone();
+    for _ in 0..SWEEPS {
+        let old = serial.clone();
+        for i in 1..N - 1 {
+            serial[i] = (old[i - 1] + old[i] + old[i + 1]) / 3.0;
+        }
+    }
+    {
+        let (sa, sb) = (SharedMut::new(&mut a), SharedMut::new(&mut b));
+        menps_omp::parallel(|t| {
+            for sweep in 0..SWEEPS {
+                let (src, dst) = if sweep % 2 == 0 {
+                    (&sa, &sb)
+                } else {
+                    (&sb, &sa)
+                };
+                let old = src.view();
+                t.for_range(1..N - 1)
+                    .schedule(Schedule::StaticChunk(100))
+                    .each_mut(dst, |i, x| *x = (old[i - 1] + old[i] + old[i + 1]) / 3.0);
+            }
+        });
+    }
+    let result = if SWEEPS % 2 == 0 { &a } else { &b };
+    assert!(
+        result
+            .iter()
+            .zip(&serial)
+            .all(|(x, y)| x.to_bits() == y.to_bits()),
+        "the parallel sweeps differ from the serial ones"
+    );
+}
+
+/// A thread writes a slice in a loop while holding a view of it: refused.
+fn alias() -> String {
+    let mut v = vec![0u8; 64];
+    let s = SharedMut::new(&mut v);
+    menps_omp::parallel(|t| {
+        let view = s.view();
+        t.for_range(0..64).each_mut(&s, |_, x| *x = 1);
+        drop(view);
+    });
+    "unreachable".into()
+}
+
 /// The last thread of the team panics inside a region.
 fn team_panic() -> String {
     menps_omp::parallel(|t| {
@@ -540,6 +602,20 @@ fn a_panicking_main_is_an_error_on_process_0() {
         "{}",
         run.dump()
     );
+}
+
+#[test]
+fn writing_a_slice_while_viewing_it_is_refused() {
+    for procs in [1, 2] {
+        let run = omp_job("alias", procs, &[("OMP_NUM_THREADS", "2")]);
+        assert!(!run.status.success(), "{}", run.dump());
+        assert!(
+            run.stderr
+                .contains("writes a SharedMut in a work-sharing loop while it holds a view"),
+            "{}",
+            run.dump()
+        );
+    }
 }
 
 #[test]
