@@ -471,7 +471,7 @@ fn views() {
             }
         });
     }
-    let result = if SWEEPS % 2 == 0 { &a } else { &b };
+    let result = if SWEEPS.is_multiple_of(2) { &a } else { &b };
     assert!(
         result
             .iter()
