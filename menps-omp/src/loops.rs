@@ -129,26 +129,44 @@ impl Loop<'_, '_> {
     pub fn chunks_mut<T: Send>(
         self,
         data: &SharedMut<'_, T>,
+        f: impl FnMut(Range<usize>, &mut [T]),
+    ) {
+        self.rows_mut(data, 1, f)
+    }
+
+    /// A loop over the rows of a row-major matrix stored in `data`, rows of
+    /// `row_len` elements: iteration `i` owns row `i`, elements
+    /// `i * row_len .. (i + 1) * row_len`; `f(rows, elements)` runs for each
+    /// chunk of this thread's rows. As [`Loop::each_mut`].
+    ///
+    /// # Panics
+    ///
+    /// As [`Loop::each_mut`], or if `row_len` is 0.
+    pub fn rows_mut<T: Send>(
+        self,
+        data: &SharedMut<'_, T>,
+        row_len: usize,
         mut f: impl FnMut(Range<usize>, &mut [T]),
     ) {
         assert!(
             !self.nowait,
             "menps-omp: a work-sharing loop over a SharedMut always ends with its barrier"
         );
+        assert!(row_len > 0, "menps-omp: rows of 0 elements");
         assert!(
-            self.range.end <= data.len() || self.range.is_empty(),
-            "menps-omp: loop range {:?} exceeds the SharedMut of {} elements",
+            self.range.is_empty() || self.range.end.saturating_mul(row_len) <= data.len(),
+            "menps-omp: loop range {:?} of rows of {row_len} exceeds the SharedMut of {} elements",
             self.range,
             data.len()
         );
         let t = self.t;
         let guard = MutLoopGuard::enter(t, data.addr());
         self.drive(|r| {
-            // SAFETY: the work-sharing loop hands every index of the range
-            // to exactly one thread once, the guard excludes any other loop
-            // over `data` until the barrier below, and `SharedMut` gives no
-            // other access to the elements.
-            let s = unsafe { data.slice_mut(r.clone()) };
+            // SAFETY: the work-sharing loop hands every row of the range
+            // to exactly one thread once, the guard keeps any other use of
+            // `data` in this process (another loop, a view) out until the
+            // barrier below, and `SharedMut` gives no other access.
+            let s = unsafe { data.slice_mut(r.start * row_len..r.end * row_len) };
             f(r, s)
         });
         drop(guard);
