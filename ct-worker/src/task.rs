@@ -87,17 +87,36 @@ unsafe impl<C: Config> PoolItem for TaskDesc<C> {
     }
 
     unsafe fn destroy(this: NonNull<Self>) {
-        // SAFETY: a free descriptor is owned by the caller.
-        drop(unsafe { Box::from_raw(this.as_ptr()) });
+        // SAFETY: a free descriptor is owned by the caller; `create` got its
+        // memory from the system allocator with this layout.
+        unsafe {
+            core::ptr::drop_in_place(this.as_ptr());
+            std::alloc::GlobalAlloc::dealloc(
+                &std::alloc::System,
+                this.as_ptr().cast(),
+                core::alloc::Layout::new::<Self>(),
+            );
+        }
     }
 }
 
 impl<C: Config> TaskDesc<C> {
-    /// Allocates a new descriptor owned by `owner`.
+    /// Allocates a new descriptor owned by `owner`, from the system
+    /// allocator whatever the program's global allocator is: the scheduler
+    /// writes descriptors on every switch, so they must not live in memory
+    /// a global allocator might hand out with strings attached (a DSM
+    /// heap, where a write can fault).
     pub(crate) fn create(owner: usize) -> NonNull<Self> {
-        let b = Box::new(Self::new_value(owner));
-        // SAFETY: `Box::into_raw` is never null.
-        unsafe { NonNull::new_unchecked(Box::into_raw(b)) }
+        let layout = core::alloc::Layout::new::<Self>();
+        // SAFETY: the layout is the descriptor's, of non-zero size.
+        let p =
+            unsafe { std::alloc::GlobalAlloc::alloc(&std::alloc::System, layout) }.cast::<Self>();
+        let Some(p) = NonNull::new(p) else {
+            std::alloc::handle_alloc_error(layout)
+        };
+        // SAFETY: fresh memory of the right layout.
+        unsafe { p.as_ptr().write(Self::new_value(owner)) };
+        p
     }
 
     /// A descriptor that lives wherever the caller puts it (e.g. on the

@@ -56,11 +56,14 @@
 //! | `omp_get_max_threads`, `omp_set_num_threads`, `omp_in_parallel`, `omp_get_wtime` | [`max_threads`], [`set_num_threads`], [`in_parallel`], [`wtime`] |
 //! | `omp_set_schedule`, `omp_get_schedule` | [`set_schedule`], [`schedule`] |
 //! | locks, `atomic` | [`sync::Mutex`], [`sync::AtomicU64`] |
+//! | `private` data | [`private`] (allocations kept out of the DSM) |
 //!
 //! Writing a slice in parallel needs no `unsafe`: wrap it in a
 //! [`SharedMut`] and use [`Loop::each_mut`] or [`Loop::chunks_mut`]; read
 //! what the threads wrote, in a later phase of the same region, through
-//! [`SharedMut::view`].
+//! [`SharedMut::view`]. Scratch memory of one thread belongs in this
+//! process's private heap ([`private`]): DSM memory a thread writes is
+//! published at every barrier.
 //!
 //! # What does not work across processes
 //!
@@ -121,7 +124,7 @@ pub use region::{
 };
 pub use runtime::{Builder, NUM_THREADS_VAR, SCHEDULE_VAR, STACKSIZE_VAR, run};
 pub use schedule::{Schedule, static_block};
-pub use shared::{SharedMut, SharedView};
+pub use shared::{SharedMut, SharedView, private};
 pub use stats::process_stats;
 pub use tasks::{TaskScope, task_scope};
 

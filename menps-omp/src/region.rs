@@ -20,13 +20,13 @@ use crate::worksharing::NEXT;
 /// What every thread of a region reads: it lives in the frame of the
 /// thread that started the region (DSM memory, the same address in every
 /// process).
-pub(crate) struct RegionInfo {
+struct RegionInfo {
     /// Work-sharing sequence number of the region's first construct.
     seq_base: u64,
     /// The run-time schedule, encoded.
     schedule: u64,
     /// Unique id of the region (high bit: a serial region of one process).
-    pub id: u64,
+    id: u64,
     /// The sequence number after the region's last construct (thread 0).
     seq_end: AtomicU64,
 }
@@ -41,7 +41,11 @@ const SERIAL_BIT: u64 = 1 << 63;
 /// constructs (loops, `single`, reductions, barriers) in the same order.
 pub struct Thread<'r> {
     tt: Option<&'r TeamThread<'r>>,
-    pub(crate) info: &'r RegionInfo,
+    /// The region's run-time schedule, encoded (copied from the region's
+    /// `RegionInfo`, which lives in another thread's frame).
+    schedule: u64,
+    /// The region's id.
+    pub(crate) region_id: u64,
     /// Next work-sharing sequence number of this thread.
     seq: Cell<u64>,
     /// Mutable work-sharing loops met so far.
@@ -204,7 +208,7 @@ impl<'r> Thread<'r> {
 
     /// The run-time schedule of the region.
     pub(crate) fn runtime_schedule(&self) -> Schedule {
-        Schedule::decode(self.info.schedule)
+        Schedule::decode(self.schedule)
     }
 }
 
@@ -337,7 +341,8 @@ impl Parallel {
             rt.active.fetch_add(1, Ordering::AcqRel);
             let t = Thread {
                 tt: Some(tt),
-                info: &info,
+                schedule: info.schedule,
+                region_id: info.id,
                 seq: Cell::new(info.seq_base),
                 mut_loops: Cell::new(0),
                 _not_send: PhantomData,
@@ -363,15 +368,10 @@ impl Parallel {
 
 /// A region of one thread (nested, or started by a team thread).
 fn run_serial<F: Fn(&Thread<'_>) + Sync>(f: &F) {
-    let info = RegionInfo {
-        seq_base: 0,
-        schedule: Schedule::Static.encode(),
-        id: SERIAL_BIT | SERIAL_IDS.fetch_add(1, Ordering::Relaxed),
-        seq_end: AtomicU64::new(0),
-    };
     let t = Thread {
         tt: None,
-        info: &info,
+        schedule: Schedule::Static.encode(),
+        region_id: SERIAL_BIT | SERIAL_IDS.fetch_add(1, Ordering::Relaxed),
         seq: Cell::new(0),
         mut_loops: Cell::new(0),
         _not_send: PhantomData,

@@ -169,7 +169,7 @@ impl MutLoopGuard {
     pub fn enter(t: &Thread<'_>, addr: usize) -> Self {
         let n = t.mut_loops.get();
         t.mut_loops.set(n + 1);
-        let key = (t.info.id, n);
+        let key = (t.region_id, n);
         register(addr, key);
         MutLoopGuard { addr, key }
     }
@@ -257,4 +257,26 @@ impl<T> core::fmt::Debug for SharedView<'_, T> {
             .field("len", &self.data.len())
             .finish()
     }
+}
+
+/// Runs `f` with its allocations taken from this process's private heap
+/// instead of the DSM heap: for scratch memory that only the calling
+/// thread (or its process) uses, which then costs nothing at barriers —
+/// DSM memory that a thread writes is published at every barrier, even if
+/// no other process ever reads it.
+///
+/// ```no_run
+/// # fn f(t: &menps_omp::Thread<'_>, n: usize) {
+/// // A work vector of this thread only.
+/// let mut scratch: Vec<f64> = menps_omp::private(|| vec![0.0; n]);
+/// scratch[0] = 1.0;
+/// # }
+/// ```
+///
+/// The memory must not be shared with other processes (they cannot see
+/// it). Freeing it anywhere is fine; growing it outside `private` (a
+/// `push` beyond its capacity) moves it to the DSM heap.
+pub fn private<R>(f: impl FnOnce() -> R) -> R {
+    let _private = RuntimeGuard::enter();
+    f()
 }

@@ -85,11 +85,17 @@ impl<'scope> TaskScope<'scope> {
                 scope.run_task(f);
             }
         };
+        // The thread's descriptor and the job's box are the scheduler's
+        // memory, never DSM memory: the scheduler writes descriptors on
+        // every switch (a fault there could not be resolved).
+        let rt_guard = RuntimeGuard::enter();
         let job: Box<dyn FnOnce() + Send + 'scope> = Box::new(job);
         // SAFETY: the closure (and what it borrows, 'scope) outlives the
         // thread: `task_scope` joins every handle before 'scope ends.
         let job: Box<dyn FnOnce() + Send + 'static> = unsafe { core::mem::transmute(job) };
-        match ct_worker::try_spawn_in::<TeamConfig, _, _>(job) {
+        let spawned = ct_worker::try_spawn_in::<TeamConfig, _, _>(job);
+        drop(rt_guard);
+        match spawned {
             Ok(h) => {
                 let _g = RuntimeGuard::enter();
                 self.handles

@@ -56,6 +56,7 @@ fn constructs() -> String {
     nested();
     globals(n);
     views();
+    private_memory();
     let stats = menps_omp::process_stats();
     assert_eq!(stats.len(), procs);
     format!("team {n} over {procs} processes")
@@ -479,6 +480,23 @@ fn views() {
             .all(|(x, y)| x.to_bits() == y.to_bits()),
         "the parallel sweeps differ from the serial ones"
     );
+}
+
+/// `private` keeps allocations out of the DSM heap; ordinary ones of main
+/// and of team threads are in it.
+fn private_memory() {
+    use menps_dsm::dsm::allocator::is_dsm_pointer;
+    let shared: Vec<u8> = std::hint::black_box(vec![1u8; 100]);
+    let mine = menps_omp::private(|| vec![2u8; 100]);
+    assert!(is_dsm_pointer(shared.as_ptr()));
+    assert!(!is_dsm_pointer(mine.as_ptr()));
+    menps_omp::parallel(|t| {
+        let scratch = menps_omp::private(|| vec![t.thread_num(); 1000]);
+        let team_vec: Vec<u8> = std::hint::black_box(vec![0u8; 10]);
+        assert!(!is_dsm_pointer(scratch.as_ptr().cast()));
+        assert!(is_dsm_pointer(team_vec.as_ptr()));
+        assert_eq!(scratch.iter().sum::<usize>(), 1000 * t.thread_num());
+    });
 }
 
 /// A thread writes a slice in a loop while holding a view of it: refused.

@@ -138,11 +138,24 @@ unsafe fn hook(_sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c
     let addr = unsafe { (*info).si_addr() } as usize;
     if !resolver.owns(addr) {
         if resolver.is_stack_guard(addr) {
-            let mut buf = [0u8; 160];
+            let mut buf = [0u8; 256];
             let mut w = ct_context::trap::BufWriter::new(&mut buf);
             w.put(b"stack overflow in user-level thread: access to ");
             w.hex(addr);
-            w.put(b", in the guard block below a DSM call stack (raise MENPS_DSM_STACK_SIZE)\n");
+            w.put(b", in the guard block below a DSM call stack (raise MENPS_DSM_STACK_SIZE)");
+            if !uctx.is_null() {
+                // SAFETY: the kernel passes a valid ucontext for SA_SIGINFO
+                // handlers; reading two saved registers.
+                let (ip, sp) = unsafe {
+                    let g = &(*uctx.cast::<libc::ucontext_t>()).uc_mcontext.gregs;
+                    (g[libc::REG_RIP as usize], g[libc::REG_RSP as usize])
+                };
+                w.put(b"; instruction ");
+                w.hex(ip as usize);
+                w.put(b", stack pointer ");
+                w.hex(sp as usize);
+            }
+            w.put(b"\n");
             w.write_to_stderr();
             std::process::abort();
         }

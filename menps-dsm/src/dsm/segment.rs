@@ -111,6 +111,10 @@ pub(crate) struct BlockMeta {
     /// The next miss must take the global lock (the copy was dropped
     /// because the memory changed hands, e.g. reused by the heap).
     pub force_tx: bool,
+    /// Pins outstanding ([`Space::pin`](super::space) counts them: a
+    /// stack's pin by the worker entering its thread may come before the
+    /// unpin by the worker that left it).
+    pub pins: u32,
 }
 
 pub(crate) type BlockEntry<U> = Mutex<BlockMeta, U>;

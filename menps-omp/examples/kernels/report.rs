@@ -75,8 +75,87 @@ impl KernelResult {
             self.class,
             self.seconds,
             self.mops,
-            if self.verified { "SUCCESSFUL" } else { "FAILED" },
+            if self.verified {
+                "SUCCESSFUL"
+            } else {
+                "FAILED"
+            },
             self.detail
         )
     }
+}
+
+/// A kernel's two versions.
+pub type Kernel = fn(Class) -> KernelResult;
+
+/// The class and the menps-omp version of the example's kernel (set by
+/// [`example_main`] in every process before the job starts, read by `main`
+/// of the job on process 0: a `fn` job entry cannot capture them).
+static OMP_KERNEL: std::sync::OnceLock<(Class, Kernel)> = std::sync::OnceLock::new();
+
+/// The `main` of a kernel's example: `--class S|W` (or `NPB_CLASS`; default
+/// `default_class`), `--rayon` (the rayon version in this process, no DSM);
+/// otherwise a job of `procs` processes (unless `MENPS_NPROCS` says
+/// otherwise) runs the menps-omp version and process 0 prints the result,
+/// the team's shape and every process's DSM statistics. The exit status is
+/// 1 if the verification failed.
+pub fn example_main(
+    name: &'static str,
+    default_class: Class,
+    procs: usize,
+    omp: Kernel,
+    rayon: Kernel,
+) -> std::process::ExitCode {
+    let class = Class::from_args_or_env(default_class).unwrap_or_else(|e| {
+        eprintln!("{name}: {e}");
+        std::process::exit(2)
+    });
+    let verified = if std::env::args().any(|a| a == "--rayon") {
+        let r = rayon(class);
+        println!("{}", r.summary());
+        println!("  rayon: {} threads", ::rayon::current_num_threads());
+        r.verified
+    } else {
+        // The same value in every process of the job (they run this `main`).
+        let _ = OMP_KERNEL.set((class, omp));
+        match menps_omp::Builder::new().processes(procs).run(job_main) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("{name}: {e}");
+                false
+            }
+        }
+    };
+    if verified {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
+    }
+}
+
+/// `main` of the job (process 0): runs the kernel, prints the result and
+/// the DSM statistics; returns whether it verified.
+fn job_main() -> bool {
+    let (class, omp) = *OMP_KERNEL.get().expect("example_main sets the kernel");
+    let r = omp(class);
+    println!("{}", r.summary());
+    let (procs, threads) = (menps_omp::num_processes(), menps_omp::max_threads());
+    println!(
+        "  menps-omp: {procs} processes x {} threads (team of {threads})",
+        threads / procs
+    );
+    for (rank, s) in menps_omp::process_stats().iter().enumerate() {
+        println!(
+            "  process {rank}: read faults {}, write faults {}, fetched {} KiB, invalidations {}, \
+             transactions {}, fast releases {}, fast reads {}",
+            s.read_faults,
+            s.write_faults,
+            s.bytes_fetched / 1024,
+            s.invalidations,
+            s.transactions,
+            s.fast_releases,
+            s.fast_reads
+        );
+    }
+    r.verified
 }

@@ -603,24 +603,28 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     // Pinning and atomics
 
     /// Pins the blocks of `[addr, addr + len)`: read-write and never
-    /// protected until unpinned.
+    /// protected until unpinned as many times as they were pinned.
     pub fn pin(&self, addr: usize, len: usize) -> DsmResult<()> {
         let _rt = self.enter()?;
         self.for_blocks(addr, len, |seg, idx| {
             let mut m = seg.entry(idx).lock();
-            self.write_upgrade(seg, idx, &mut m)?;
-            m.state = BlockState::Pinned;
+            if m.state != BlockState::Pinned {
+                self.write_upgrade(seg, idx, &mut m)?;
+                m.state = BlockState::Pinned;
+            }
+            m.pins += 1;
             Ok(())
         })
     }
 
-    /// Unpins the blocks of `[addr, addr + len)`: they become writable
-    /// blocks that the next release fence releases.
+    /// Unpins the blocks of `[addr, addr + len)`: once every pin is undone
+    /// they become writable blocks that the next release fence releases.
     pub fn unpin(&self, addr: usize, len: usize) -> DsmResult<()> {
         let _rt = self.enter()?;
         self.for_blocks(addr, len, |seg, idx| {
             let mut m = seg.entry(idx).lock();
-            if m.state == BlockState::Pinned {
+            m.pins = m.pins.saturating_sub(1);
+            if m.pins == 0 && m.state == BlockState::Pinned {
                 m.state = BlockState::Writable;
                 self.add_to_write_set(seg, idx, &mut m);
             }

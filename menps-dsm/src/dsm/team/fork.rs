@@ -76,8 +76,8 @@ pub struct TeamThread<'a> {
 
 impl TeamThread<'_> {
     /// This thread's number in the team, `0 .. num_threads()`: process
-    /// `rank` has threads `rank · threads_here() ..`; thread 0 is rank 0's
-    /// `main`.
+    /// `rank` has threads `rank · threads_here() ..` (thread 0 runs on
+    /// process 0).
     pub fn thread_num(&self) -> usize {
         self.thread_num
     }
@@ -141,8 +141,8 @@ impl core::fmt::Debug for TeamThread<'_> {
 /// thread on a DSM call stack; the other processes wait (asleep, not
 /// spinning) for its commands. From `main`, [`Team::fork`] (or
 /// [`Team::parallel`]) starts a function on `threads_per_process` user-level
-/// threads in **every** process — on process 0, `main` itself is team
-/// thread 0 — and returns when all have finished. Because stacks, heap and
+/// threads in **every** process — new threads, each with its own DSM
+/// stack, while `main` waits — and returns when all have finished. Because stacks, heap and
 /// globals are DSM memory at the same address everywhere, the function may
 /// use pointers into `main`'s frame: a local array of `main`, a `Vec` built
 /// by `main` with the [`DsmAllocator`](crate::dsm::DsmAllocator).
@@ -158,7 +158,7 @@ pub struct Team<'d, C: Communicator + 'static, U: UltItf> {
     dsm: &'d Dsm<C, U>,
     rt: Runtime<TeamConfig>,
     running: AtomicBool,
-    /// A fork runs (on process 0: `main` is team thread 0).
+    /// A fork runs (on process 0: `main` waits for its team).
     forking: AtomicBool,
     forks: AtomicU64,
 }
@@ -314,7 +314,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     }
 
     /// Starts `f(thread, data)` on `threads_per_process` user-level threads
-    /// in every process (on process 0, the calling `main` is team thread 0)
+    /// in every process (new user-level threads; the calling `main` waits)
     /// and returns once all have returned, their writes visible to `main`.
     ///
     /// Only `main` of [`Team::run_main`] on process 0 may fork (a fork from
@@ -341,7 +341,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     }
 
     /// [`Team::fork`] onto process `rank` only: `threads` user-level
-    /// threads there (`main` is not one of them, even for `rank` 0), and
+    /// threads there, and
     /// the team barrier among them is an in-process barrier. The other
     /// processes take part in the fork's DSM barriers only, so what `main`
     /// wrote before is visible to the threads, and what they wrote is
@@ -479,16 +479,16 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
                 nprocs,
                 barrier: &barrier,
             };
-            // With every process, `main` (or the serving thread) is thread
-            // 0; on one process, all threads are new.
-            let first_new = usize::from(all);
+            // Every team thread is a new user-level thread: `main` (or the
+            // serving thread) only waits, so its frame — where the fork's
+            // closure and what it borrows live, and which every process
+            // reads — is not written while the team runs (one DSM block per
+            // stack: a `main` busy in its own frame would make the others
+            // fetch the whole stack again after every team barrier).
             ct_worker::scope_in::<TeamConfig, _, _>(|s| {
-                for local in first_new..tpp {
+                for local in 0..tpp {
                     let thread = &thread;
                     s.spawn(move || run_team_thread(f, &thread(local), data));
-                }
-                if all {
-                    run_team_thread(f, &thread(0), data);
                 }
             });
         }
