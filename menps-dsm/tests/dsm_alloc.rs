@@ -172,6 +172,9 @@ fn stress(dsm: &D) {
             for _ in 0..200 {
                 let len = 1 + (next() % 6000) as usize;
                 let mut v = vec![0u8; len];
+                // Zeroed, also where a freed object was (large ones are
+                // zeroed by the heap unless the memory was never used).
+                assert!(v.iter().all(|&b| b == 0), "vec![0; {len}] is not zero");
                 fill(&mut v, 0);
                 if next() % 3 == 0 {
                     // Grows, possibly into another size class.
@@ -194,6 +197,7 @@ fn stress(dsm: &D) {
                 for k in 0..PER {
                     let len = 1 + (next() % 9000) as usize;
                     let mut v = vec![0u8; len];
+                    assert!(v.iter().all(|&b| b == 0), "vec![0; {len}] is not zero");
                     fill(&mut v, (round * 1000 + me * 100 + k) as u64);
                     let mut v = core::mem::ManuallyDrop::new(v.into_boxed_slice());
                     // SAFETY: this process's mailbox slot for `to`.

@@ -79,6 +79,27 @@
 //!   `main` is a plain `fn`, so it cannot capture any.
 //! - Nested parallel regions run on one thread (nesting is off).
 //!
+//! # Performance across processes
+//!
+//! The DSM moves whole blocks (4 KiB pages of the heap; a whole call stack
+//! is one block) and publishes, at every barrier, what each process wrote
+//! since the last one. What keeps a program fast:
+//!
+//! - Each thread writes its own contiguous part of a shared array (static
+//!   schedules, [`Loop::chunks_mut`], [`Loop::rows_mut`]); pages written by
+//!   two processes between two barriers are merged, which costs more.
+//! - Few barriers: one per phase that needs the others' data. A loop that
+//!   writes nothing shared can skip its barrier ([`Loop::nowait`]);
+//!   reductions ([`Thread::reduce`]) exchange values without touching the
+//!   DSM.
+//! - Scratch memory of one thread in the private heap ([`private`]).
+//! - Few, long regions: a region's team reads the starting thread's frame
+//!   (the closure and what it borrows), a whole call stack
+//!   (`OMP_STACKSIZE`), fetched again by the other processes after that
+//!   frame changed; a region costs two DSM barriers besides.
+//!
+//! On one process there is no DSM traffic at all: barriers are in-process.
+//!
 //! # Environment
 //!
 //! | variable | meaning | default |

@@ -54,8 +54,12 @@ pub struct Thread<'r> {
 }
 
 impl<'r> Thread<'r> {
-    /// This thread's number in the team, `0 .. num_threads()` (thread 0 is
-    /// the one that started the region).
+    /// This thread's number in the team, `0 .. num_threads()`: process `p`
+    /// runs threads `p · threads_here() ..`, so thread 0 (the master) runs
+    /// on process 0, where the region started. Every team thread is a
+    /// user-level thread of its own (the thread that started the region
+    /// waits for the team), so the starting thread's frame, which every
+    /// process reads, stays unchanged while the team runs.
     pub fn thread_num(&self) -> usize {
         self.tt.map_or(0, |t| t.thread_num())
     }
@@ -189,8 +193,8 @@ impl<'r> Thread<'r> {
         if tpp > 1 {
             tt.local_barrier();
         }
-        // SAFETY: thread 0 of the process wrote it before the last barrier
-        // (or it is thread 0 itself).
+        // SAFETY: the process's local thread 0 wrote it before the last
+        // barrier (or it is that thread itself).
         unsafe { out.assume_init() }
     }
 

@@ -423,6 +423,20 @@ unsafe impl GlobalAlloc for DsmAllocator {
     #[inline]
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         if is_dsm_context() && process::is_running() {
+            if cached_class(l).is_none() {
+                // A large object: the heap skips zeroing memory that was
+                // never used (still zero everywhere), which saves a write
+                // fault per page.
+                let _rt = RuntimeGuard::enter();
+                let p = process::with(|d| d.alloc_zeroed(l.size(), l.align()))
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or(core::ptr::null_mut());
+                if p.is_null() {
+                    report_exhausted(l);
+                }
+                return p;
+            }
             let p = alloc_dsm(l);
             if p.is_null() {
                 report_exhausted(l);

@@ -59,6 +59,9 @@ pub trait ProcessDsm: Sync {
     ) -> DsmResult<Result<u64, u64>>;
     /// [`Dsm::alloc`].
     fn alloc(&self, size: usize, align: usize) -> DsmResult<*mut u8>;
+    /// [`Dsm::alloc_zeroed`] (memory never used since start-up is zero
+    /// already and is not written).
+    fn alloc_zeroed(&self, size: usize, align: usize) -> DsmResult<*mut u8>;
     /// [`Dsm::free`].
     fn free(&self, ptr: *mut u8) -> DsmResult<()>;
     /// [`Dsm::usable_size`].
@@ -226,6 +229,11 @@ impl<C: Communicator + 'static, U: UltItf> ProcessDsm for Handle<C, U> {
     fn alloc(&self, size: usize, align: usize) -> DsmResult<*mut u8> {
         let h = self.mem().heap()?;
         h.alloc(self.space, size, align).map(|g| g.addr as *mut u8)
+    }
+    fn alloc_zeroed(&self, size: usize, align: usize) -> DsmResult<*mut u8> {
+        let h = self.mem().heap()?;
+        h.alloc_zeroed(self.space, size, align)
+            .map(|a| a as *mut u8)
     }
     fn free(&self, ptr: *mut u8) -> DsmResult<()> {
         self.mem().heap()?.free(self.space, ptr as usize)

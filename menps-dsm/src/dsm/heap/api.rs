@@ -30,14 +30,8 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// written).
     pub fn alloc_zeroed(&self, size: usize, align: usize) -> DsmResult<*mut u8> {
         let h = self.heap()?;
-        let g = h.alloc(self.space, size, align)?;
-        if !g.fresh {
-            // SAFETY: the object was just allocated to us: at least `size`
-            // bytes of DSM memory (faults are resolved by the DSM) that
-            // nobody else may access until we hand the pointer out.
-            unsafe { core::ptr::write_bytes(g.addr as *mut u8, 0, size) };
-        }
-        Ok(g.addr as *mut u8)
+        h.alloc_zeroed(self.space, size, align)
+            .map(|a| a as *mut u8)
     }
 
     /// Frees the heap object at `ptr` (allocated by any process; see the

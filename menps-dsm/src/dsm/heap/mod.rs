@@ -287,6 +287,25 @@ impl<U: UltItf> Heap<U> {
         Ok(got)
     }
 
+    /// [`Heap::alloc`] with the first `size` bytes zeroed; memory never
+    /// used since start-up is zero already and is not written (a write
+    /// fault saved per page).
+    pub(crate) fn alloc_zeroed<C: Communicator + 'static>(
+        &self,
+        space: &Space<C, U>,
+        size: usize,
+        align: usize,
+    ) -> DsmResult<usize> {
+        let g = self.alloc(space, size, align)?;
+        if !g.fresh {
+            // SAFETY: the object was just allocated to us: at least `size`
+            // bytes of DSM memory (faults are resolved by the DSM) that
+            // nobody else may access until we hand the pointer out.
+            unsafe { core::ptr::write_bytes(g.addr as *mut u8, 0, size) };
+        }
+        Ok(g.addr)
+    }
+
     /// What `addr` is: (chunk index, entry, usable size) of the live object
     /// starting there.
     pub(crate) fn lookup<C: Communicator + 'static>(
