@@ -465,11 +465,15 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         let (rank, nprocs) = (dsm.rank(), dsm.nprocs());
         let all = target == ALL;
         if all || target == rank as u64 {
-            let barrier: TeamBarrier<'_, C, U, TeamUlt> = if all {
+            // In process-private memory (this is runtime code), not in this
+            // frame: every team barrier writes it, and this frame is on a
+            // DSM stack whose block the other processes read (the fork's
+            // closure and what it borrows live in the frames above).
+            let barrier: Box<TeamBarrier<'_, C, U, TeamUlt>> = Box::new(if all {
                 TeamBarrier::new(dsm, tpp)
             } else {
                 TeamBarrier::local(dsm, tpp)
-            };
+            });
             let thread = |local: usize| TeamThread {
                 thread_num: if all { rank * tpp + local } else { local },
                 num_threads: if all { nprocs * tpp } else { tpp },
@@ -477,7 +481,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
                 threads_here: tpp,
                 rank,
                 nprocs,
-                barrier: &barrier,
+                barrier: &*barrier,
             };
             // Every team thread is a new user-level thread: `main` (or the
             // serving thread) only waits, so its frame — where the fork's
