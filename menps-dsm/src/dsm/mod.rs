@@ -328,8 +328,9 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     }
 
     /// Pins `[addr, addr + len)`: its blocks become writable and stay so —
-    /// no fault can happen there — until [`Dsm::unpin`]. For call stacks in
-    /// the DSM.
+    /// no fault can happen there — until [`Dsm::unpin`] (pins nest: a block
+    /// stays pinned until it was unpinned as often as pinned). For call
+    /// stacks in the DSM.
     pub fn pin(&self, addr: *mut u8, len: usize) -> DsmResult<()> {
         self.space.pin(addr as usize, len)
     }

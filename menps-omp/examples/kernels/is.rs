@@ -38,19 +38,17 @@
 //! schedule gives thread `t` row `t`), so only its process writes those
 //! pages. After that loop's barrier every thread reads the histograms
 //! through a view of the array (`SharedMut::view`), sums its static block
-//! of key values into a running count, written straight into its block of
-//! NPB's `key_buff1` (a second shared array, page-aligned, whose pages it
-//! alone writes), and drops the view before the reduction that exchanges
+//! of key values into a running count, its block of NPB's `key_buff1`,
+//! kept in the thread's private memory (`menps_omp::private`: no DSM work
+//! at barriers), and drops the view before the reduction that exchanges
 //! the blocks' totals and the test keys; so the next iteration's loop,
 //! which writes the rows again, finds no view alive. Every timed iteration
 //! thus costs one barrier and one reduction in one parallel region (the
 //! DSM releases every page a process has written at every barrier, so
-//! barriers are what costs). To write its block of `key_buff1` across the
-//! iterations, every thread runs them all inside the one body a static
-//! work-sharing loop over `key_buff1` gives it (`Loop::chunks_mut`); the
-//! loops, views and reductions inside are met by every thread in the same
-//! order. The thread whose block of `key_buff1` holds a test key's rank
-//! checks it. No `unsafe`.
+//! barriers are what costs). After the last iteration each thread copies
+//! its block into the shared `key_buff1` (a page-aligned array) with one
+//! static `Loop::chunks_mut`. The thread whose block of `key_buff1` holds
+//! a test key's rank checks it. No `unsafe`.
 
 use core::ops::{Range, RangeInclusive};
 
@@ -410,55 +408,60 @@ impl OmpState {
             let tid = t.thread_num();
             let my_values = static_block(0..max_key, tid, threads);
             let mut outcome = Outcome::default();
-            // Every thread ranks its static block of key values straight into
-            // its block of `key_buff1`, every iteration: the loop over
-            // `ranks` gives each thread exactly one block (static schedule,
-            // `threads ≤ max_key`), so every thread runs the body once and
-            // meets the loop, the view and the reduction inside it in the
-            // same order. (A scratch vector allocated in the region instead
-            // would cost its first touch in the timed part: fresh DSM heap
-            // pages.)
-            t.for_range(0..max_key).chunks_mut(&ranks, |values, out| {
-                assert_eq!(values, my_values, "is: not the static block");
-                for iteration in iterations.clone() {
-                    let mut mine = Exchange::ZERO;
-                    let changes = [
-                        (iteration, iteration),
-                        (iteration + MAX_ITERATIONS, max_key - iteration),
-                    ];
-                    // Row `j` (thread `j`'s under the static schedule): change
-                    // the keys of the iteration that lie in it, note the test
-                    // keys, count the keys into the row's histogram.
-                    t.for_range(0..threads)
-                        .rows_mut(&rows, row_len, |js, mine_rows| {
-                            for (j, row) in js.zip(mine_rows.chunks_exact_mut(row_len)) {
-                                let r = static_block(0..n, j, threads);
-                                let (keys, hist) = row.split_at_mut(key_stride);
-                                let keys = &mut keys[..r.len()];
-                                for (at, key) in changes {
-                                    if r.contains(&at) {
-                                        keys[at - r.start] = key as u32;
-                                    }
+            // This thread's block of `key_buff1`, ranked every iteration in
+            // private memory (only this thread touches it) and published in
+            // `ranks` once, after the last iteration.
+            let mut out = menps_omp::private(|| vec![0u32; my_values.len()]);
+            for iteration in iterations.clone() {
+                let mut mine = Exchange::ZERO;
+                let changes = [
+                    (iteration, iteration),
+                    (iteration + MAX_ITERATIONS, max_key - iteration),
+                ];
+                // Row `j` (thread `j`'s under the static schedule): change
+                // the keys of the iteration that lie in it, note the test
+                // keys, count the keys into the row's histogram.
+                t.for_range(0..threads)
+                    .rows_mut(&rows, row_len, |js, mine_rows| {
+                        for (j, row) in js.zip(mine_rows.chunks_exact_mut(row_len)) {
+                            let r = static_block(0..n, j, threads);
+                            let (keys, hist) = row.split_at_mut(key_stride);
+                            let keys = &mut keys[..r.len()];
+                            for (at, key) in changes {
+                                if r.contains(&at) {
+                                    keys[at - r.start] = key as u32;
                                 }
-                                for (v, &at) in mine.vals.iter_mut().zip(&p.test_index) {
-                                    if r.contains(&at) {
-                                        *v = keys[at - r.start];
-                                    }
-                                }
-                                count_keys(keys, &mut hist[..max_key]);
                             }
-                        });
-                    // Every histogram is complete (the loop's barrier); the
-                    // view ends before the reduction, so before any thread
-                    // writes its row again.
-                    mine.totals[tid] = {
-                        let all = rows.view();
-                        sum_block(&all, key_stride, row_len, threads, values.clone(), out)
-                    };
-                    let all = t.reduce(mine, Exchange::add);
-                    add_offset(out, all.totals[..tid].iter().sum());
-                    outcome.partial(class, p, iteration, &all.vals, values.start, out);
-                }
+                            for (v, &at) in mine.vals.iter_mut().zip(&p.test_index) {
+                                if r.contains(&at) {
+                                    *v = keys[at - r.start];
+                                }
+                            }
+                            count_keys(keys, &mut hist[..max_key]);
+                        }
+                    });
+                // Every histogram is complete (the loop's barrier); the
+                // view ends before the reduction, so before any thread
+                // writes its row again.
+                mine.totals[tid] = {
+                    let all = rows.view();
+                    sum_block(
+                        &all,
+                        key_stride,
+                        row_len,
+                        threads,
+                        my_values.clone(),
+                        &mut out,
+                    )
+                };
+                let all = t.reduce(mine, Exchange::add);
+                add_offset(&mut out, all.totals[..tid].iter().sum());
+                outcome.partial(class, p, iteration, &all.vals, my_values.start, &out);
+            }
+            // The static schedule gives this thread `my_values` again.
+            t.for_range(0..max_key).chunks_mut(&ranks, |values, dst| {
+                assert_eq!(values, my_values, "is: not the static block");
+                dst.copy_from_slice(&out);
             });
             let outcome = t.reduce(outcome, Outcome::combine);
             t.for_range(0..1).each_mut(&result_out, |_, r| *r = outcome);
