@@ -25,5 +25,8 @@ pub enum Error {
 /// the process with a message (see [`run`](crate::run)).
 #[track_caller]
 pub(crate) fn fail(what: &str, e: impl core::fmt::Display) -> ! {
+    // The message is made in the private heap: the DSM heap may be what
+    // failed.
+    let _private = menps_dsm::dsm::allocator::RuntimeGuard::enter();
     panic!("menps-omp: {what}: {e}")
 }

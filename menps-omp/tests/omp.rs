@@ -607,6 +607,14 @@ fn a_panicking_team_thread_fails_every_process() {
             run.dump()
         );
         assert!(!run.stdout.contains("rank 0: ok"), "{}", run.dump());
+        // Process 0 ends with the reason, not with a crash of its own.
+        for bad in ["stack overflow", "memory allocation", "SIGABRT", "SIGSEGV"] {
+            assert!(!run.stderr.contains(bad), "{bad}: {}", run.dump());
+        }
+        // (In a barrier, or switching threads: either way the reason.)
+        if procs > 1 {
+            assert!(run.stderr.contains("process rank 1 died"), "{}", run.dump());
+        }
     }
 }
 

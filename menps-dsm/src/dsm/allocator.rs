@@ -387,8 +387,12 @@ fn free_dsm(p: *mut u8, l: Layout) {
 /// Reports an exhausted DSM heap before the allocation fails.
 #[cold]
 fn report_exhausted(l: Layout) {
+    // The message itself comes from the system heap: formatting it in DSM
+    // context would ask the failing heap again, and again.
+    let _rt = RuntimeGuard::enter();
     let msg = format!(
-        "menps-dsm: the DSM heap cannot serve {} bytes (exhausted? raise MENPS_DSM_HEAP_SIZE)\n",
+        "menps-dsm: the DSM heap cannot serve {} bytes (exhausted: raise MENPS_DSM_HEAP_SIZE; or \
+         the DSM failed, see its error)\n",
         l.size()
     );
     // SAFETY: write(2) of a valid buffer to stderr.

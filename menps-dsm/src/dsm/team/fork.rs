@@ -510,6 +510,8 @@ fn run_team_thread(f: TeamFn, t: &TeamThread<'_>, data: usize) {
         user_code(|| unsafe { f(t, data as *mut u8) })
     }));
     if r.is_err() {
+        // The report comes from the private heap: the DSM's may have failed.
+        let _rt = RuntimeGuard::enter();
         super::report_line(&format!(
             "menps-dsm: team thread {} (process {}) panicked: ending the process",
             t.thread_num, t.rank
