@@ -172,6 +172,25 @@ fn bad_configuration_is_a_clear_error() {
         "{}",
         run.dump()
     );
+    // A variable set but blank is an error too, not the default.
+    for (var, value, needle) in [
+        ("MENPS_NPROCS", " ", "MENPS_NPROCS is set but empty"),
+        ("MENPS_GRACE_MS", "", "MENPS_GRACE_MS is set but empty"),
+    ] {
+        let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
+        entry_args(&mut cmd);
+        cmd.env(SCENARIO, "producer_consumer").env(var, value);
+        if var != "MENPS_NPROCS" {
+            cmd.env("MENPS_NPROCS", "2");
+        }
+        let run = drive(cmd, &new_tag("bad_config"), |_, _| false);
+        assert!(!run.status.success(), "{var}={value:?}: {}", run.dump());
+        assert!(
+            run.stderr.contains(needle),
+            "{var}={value:?}: {}",
+            run.dump()
+        );
+    }
 }
 
 #[test]

@@ -355,6 +355,16 @@ fn exhausted_heap_is_a_clear_failure() {
         "{}",
         run.dump()
     );
+    // The reason, from the heap: out of memory …
+    assert!(run.stderr.contains("MENPS_DSM_HEAP_SIZE"), "{}", run.dump());
+    // … or no heap at all.
+    let run = job("exhaust", 2, "0");
+    assert!(!run.status.success(), "{}", run.dump());
+    assert!(
+        run.stderr.contains("the DSM has no heap (heap_size is 0"),
+        "{}",
+        run.dump()
+    );
 }
 
 /// The global allocator on the `mpi` backend: the same scenarios as jobs of

@@ -205,6 +205,29 @@ fn mpi_hello_under_mpirun() {
     }
 }
 
+/// A program that starts its own job (`init_or_relaunch`) with
+/// `MENPS_BACKEND=mpi` hands its real path to `mpirun` (not
+/// `/proc/self/exe`, which would be `mpirun` in the started processes).
+#[test]
+fn self_relaunch_with_the_mpi_backend_runs_the_program() {
+    let tag = new_tag("self-mpi");
+    let mut cmd = clean_cmd(std::env::current_exe().unwrap());
+    entry_args(&mut cmd);
+    cmd.env(SCENARIO, "hello")
+        .env(JOB_TAG, &tag)
+        .env("MENPS_BACKEND", "mpi")
+        .env("MENPS_NPROCS", "2");
+    let run = drive(cmd, &tag, |_, _| true);
+    assert!(run.status.success(), "{}", run.dump());
+    for r in 0..2 {
+        assert!(
+            run.stdout.contains(&format!("hello {r} of 2")),
+            "{}",
+            run.dump()
+        );
+    }
+}
+
 #[test]
 fn menps_run_backend_mpi_starts_the_job_with_mpirun() {
     let tag = new_tag("menps-mpi");

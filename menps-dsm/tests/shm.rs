@@ -66,8 +66,29 @@ fn run_scenario<C: Communicator>(name: &str, com: &C) {
         "panic" => scenario_panic(com),
         "exit_early" => scenario_exit_early(com),
         "block_forever" => scenario_block_forever(com),
+        "aslr" => scenario_aslr(com),
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// A rank runs without address-space randomisation, a program it executes
+/// with it.
+fn scenario_aslr<C: Communicator>(com: &C) {
+    let persona = |text: &str| u64::from_str_radix(text.trim(), 16).expect("a hex personality");
+    const NO_RANDOMIZE: u64 = 0x0040000;
+    let mine = persona(&std::fs::read_to_string("/proc/self/personality").unwrap());
+    assert_ne!(mine & NO_RANDOMIZE, 0, "the rank itself runs without ASLR");
+    let out = std::process::Command::new("cat")
+        .arg("/proc/self/personality")
+        .output()
+        .expect("run cat");
+    let child = persona(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        child & NO_RANDOMIZE,
+        0,
+        "a program the rank executes has ASLR"
+    );
+    println!("rank {}: aslr ok", com.rank());
 }
 
 /// Rank 2 takes a CAS lock, then is killed with SIGKILL. Rank 0 waits in a
@@ -165,6 +186,12 @@ fn job_with(
         cmd.env(k, v);
     }
     drive(cmd, &new_tag(scenario), during)
+}
+
+#[test]
+fn programs_a_rank_executes_get_aslr_back() {
+    let run = job("aslr", 2);
+    assert_ok(&run, 2, "aslr ok");
 }
 
 #[test]

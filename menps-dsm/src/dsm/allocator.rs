@@ -384,15 +384,25 @@ fn free_dsm(p: *mut u8, l: Layout) {
     }
 }
 
-/// Reports an exhausted DSM heap before the allocation fails.
+/// Reports why the DSM heap cannot serve `l` before the allocation fails
+/// (the allocation error itself says nothing about the DSM).
 #[cold]
 fn report_exhausted(l: Layout) {
-    // The message itself comes from the system heap: formatting it in DSM
-    // context would ask the failing heap again, and again.
+    // The message comes from the system heap: formatting it in DSM context
+    // would ask the failing heap again, and again.
     let _rt = RuntimeGuard::enter();
+    // Ask once more, to learn the reason (and give back what a retry got).
+    let why = match process::with(|d| {
+        d.alloc(l.size(), l.align()).map(|p| {
+            let _ = d.free(p);
+        })
+    }) {
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+        Ok(Ok(())) => "it was exhausted for a moment".to_string(),
+    };
     let msg = format!(
-        "menps-dsm: the DSM heap cannot serve {} bytes (exhausted: raise MENPS_DSM_HEAP_SIZE; or \
-         the DSM failed, see its error)\n",
+        "menps-dsm: the DSM heap cannot serve {} bytes: {why} (MENPS_DSM_HEAP_SIZE sets its size)\n",
         l.size()
     );
     // SAFETY: write(2) of a valid buffer to stderr.

@@ -211,7 +211,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut v = self.com.atomic_load(word)?;
         loop {
             if v & bit == 0 {
-                return Err(DsmError::Misuse(format!("DSM mutex {id} freed twice")));
+                return Err(DsmError::Misuse(format!(
+                    "DSM mutex {id} is not allocated (never allocated, or freed already)"
+                )));
             }
             let old = self.com.compare_and_swap(word, v, v & !bit)?;
             if old == v {

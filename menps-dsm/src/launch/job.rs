@@ -192,7 +192,8 @@ pub fn run_mpi_job(config: &JobConfig, program: &Program) -> Result<i32> {
     if config.prefix_output {
         cmd.arg("--tag-output");
     }
-    cmd.arg(&program.path).args(&program.args);
+    // `/proc/self/exe` would name `mpirun` itself in the processes it starts.
+    cmd.arg(program.resolved_path()).args(&program.args);
     let mut child = cmd.spawn().map_err(|e| {
         Error::BadConfig(format!(
             "cannot start {mpirun:?} for the mpi backend: {e} (install OpenMPI, e.g. \

@@ -33,7 +33,9 @@
 //!
 //! Every started process gets `personality(ADDR_NO_RANDOMIZE)` before it
 //! executes, so all ranks have identical address-space layouts (code,
-//! globals, main stack) — the DSM needs identical virtual addresses. Each
+//! globals, main stack) — the DSM needs identical virtual addresses. A
+//! rank clears the flag once it has joined, so the programs it executes
+//! get randomisation back. Each
 //! also gets `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the launcher.
 //!
 //! # Failures
@@ -196,12 +198,24 @@ impl Default for JobConfig {
     }
 }
 
-fn env_var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+/// The value of the launcher variable `name`, `None` if unset. A variable
+/// that is set but blank is an error: a mistyped `export` would otherwise
+/// fall back to the default without a word.
+fn env_var(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) if v.trim().is_empty() => Err(Error::BadConfig(format!(
+            "{name} is set but empty: give it a value or unset it"
+        ))),
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(Error::BadConfig(format!("{name} is not valid UTF-8")))
+        }
+    }
 }
 
 fn parse_env<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
-    match env_var(name) {
+    match env_var(name)? {
         None => Ok(None),
         Some(v) => v
             .trim()
@@ -212,7 +226,7 @@ fn parse_env<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
 }
 
 fn parse_bool_env(name: &str) -> Result<Option<bool>> {
-    match env_var(name).as_deref().map(str::trim) {
+    match env_var(name)?.as_deref().map(str::trim) {
         None => Ok(None),
         Some("1" | "true" | "yes" | "on") => Ok(Some(true)),
         Some("0" | "false" | "no" | "off") => Ok(Some(false)),
@@ -226,7 +240,7 @@ impl JobConfig {
         if let Some(n) = parse_env(env::NPROCS)? {
             self.nprocs = n;
         }
-        if let Some(b) = env_var(env::BACKEND) {
+        if let Some(b) = env_var(env::BACKEND)? {
             self.backend = b.trim().parse()?;
         }
         if let Some(p) = parse_bool_env(env::PREFIX_OUTPUT)? {
@@ -278,6 +292,18 @@ pub struct Program {
 }
 
 impl Program {
+    /// The path, with `/proc/self/exe` resolved to the executable it names
+    /// (for handing the program to another program, such as `mpirun`, in
+    /// whose processes `/proc/self/exe` is something else).
+    pub fn resolved_path(&self) -> OsString {
+        if self.path == "/proc/self/exe"
+            && let Ok(p) = std::fs::read_link("/proc/self/exe")
+        {
+            return p.into_os_string();
+        }
+        self.path.clone()
+    }
+
     /// The running program itself (`/proc/self/exe`), with this process's
     /// `argv`.
     pub fn current() -> Self {
@@ -498,7 +524,7 @@ fn join_shm<U: UltItf>() -> Result<ShmCom<U>> {
     let rank: usize = required(env::RANK)?;
     let size: usize = required(env::SIZE)?;
     let control_fd: RawFd = required(env::CONTROL_FD)?;
-    if let Some(b) = env_var(env::BACKEND) {
+    if let Some(b) = env_var(env::BACKEND)? {
         b.trim().parse::<Backend>()?;
     }
     if size == 0 || size > MAX_PROCS || rank >= size {
@@ -506,7 +532,8 @@ fn join_shm<U: UltItf>() -> Result<ShmCom<U>> {
             "MENPS_RANK={rank} / MENPS_SIZE={size} are inconsistent"
         )));
     }
-    let peer_list = env_var(env::PEER_FDS).unwrap_or_default();
+    // Empty for a job of one process.
+    let peer_list = std::env::var(env::PEER_FDS).unwrap_or_default();
     let mut peer_fds: Vec<(usize, RawFd)> = Vec::new();
     for item in peer_list.split(',').filter(|s| !s.is_empty()) {
         let parsed = item
@@ -545,7 +572,24 @@ fn join_shm<U: UltItf>() -> Result<ShmCom<U>> {
             peers.iter().flatten().count()
         )));
     }
-    Ok(ShmCom::from_parts(rank, size, control, peers))
+    let com = ShmCom::from_parts(rank, size, control, peers);
+    restore_aslr_for_children();
+    Ok(com)
+}
+
+/// A rank runs without address-space randomisation (every rank needs the
+/// same layout), which programs it executes would inherit. Once the rank
+/// has started, its own layout is fixed: clear the flag, so that what it
+/// executes (`sh -c …`, tools) gets randomisation back.
+pub(crate) fn restore_aslr_for_children() {
+    // SAFETY: personality(0xffffffff) only queries; the second call changes
+    // an attribute that takes effect at the next execve.
+    unsafe {
+        let p = libc::personality(0xffff_ffff);
+        if p != -1 && p & libc::ADDR_NO_RANDOMIZE != 0 {
+            libc::personality((p & !libc::ADDR_NO_RANDOMIZE) as libc::c_ulong);
+        }
+    }
 }
 
 #[cfg(test)]

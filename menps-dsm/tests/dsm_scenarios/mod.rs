@@ -179,6 +179,9 @@ fn mutex_increments(dsm: &D) {
     dsm.barrier().unwrap();
     if me == 0 {
         dsm.free_mutex(m).unwrap();
+        // Freeing it again is a misuse, named as such.
+        let e = dsm.free_mutex(m).unwrap_err().to_string();
+        assert!(e.contains("is not allocated"), "{e}");
     }
 }
 

@@ -570,6 +570,8 @@ impl<U: UltItf> MpiCom<U> {
                 .expect("cannot start the MPI progress thread");
             ProgressThread { stop, handle }
         });
+        // This rank's layout is fixed: what it executes gets ASLR back.
+        crate::launch::restore_aslr_for_children();
         Ok(MpiCom {
             rank,
             size,
