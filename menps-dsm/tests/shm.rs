@@ -435,6 +435,12 @@ fn menps_binary_runs_and_prefixes_output() {
             run.dump()
         );
     }
+    // A program that never joins the job: it ran, and the launcher says so.
+    assert!(
+        run.stderr.contains("no process joined the job"),
+        "{}",
+        run.dump()
+    );
 
     let mut cmd = clean_cmd(menps);
     cmd.args(["run", "-n", "2", "--grace-ms", "200", "--", "sh", "-c"])

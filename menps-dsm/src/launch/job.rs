@@ -321,10 +321,33 @@ fn supervise(config: &JobConfig, control: &Control, mut procs: Vec<Proc>) -> i32
             ),
         }
     }
+    warn_unjoined(control, n);
     if timed_out {
         124
     } else {
         first_failure.unwrap_or(0)
+    }
+}
+
+/// Says so if processes ended without ever joining the job: the program
+/// does not start a DSM or communicator (it ran as independent copies).
+fn warn_unjoined(control: &Control, n: usize) {
+    let never: Vec<usize> = (0..n)
+        .filter(|&r| {
+            control
+                .slot(r)
+                .joined
+                .load(std::sync::atomic::Ordering::Acquire)
+                == 0
+        })
+        .collect();
+    if never.len() == n {
+        eprintln!(
+            "menps: no process joined the job: the program ran {n} times as independent copies \
+             (a menps program joins with menps_dsm::launch::init or init_or_relaunch)"
+        );
+    } else if !never.is_empty() {
+        eprintln!("menps: rank(s) {never:?} ended without joining the job");
     }
 }
 

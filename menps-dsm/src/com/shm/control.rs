@@ -79,6 +79,8 @@ pub(crate) struct RankSlot {
     pub sleepers: AtomicU32,
     /// 1 + how many processes had ended before this one (0 while running).
     pub ended_seq: AtomicU32,
+    /// 1 once the process has joined the job (its communicator exists).
+    pub joined: AtomicU32,
 }
 
 /// Head (written by the sender) and tail (written by the receiver) of a p2p

@@ -90,6 +90,10 @@ impl<U: UltItf> ShmCom<U> {
         peers: Vec<Option<OwnedFd>>,
     ) -> Self {
         debug_assert_eq!(control.layout().nprocs, size);
+        control
+            .slot(rank)
+            .joined
+            .store(1, std::sync::atomic::Ordering::Release);
         ShmCom {
             rank,
             size,
