@@ -67,8 +67,30 @@ fn run_scenario<C: Communicator>(name: &str, com: &C) {
         "exit_early" => scenario_exit_early(com),
         "block_forever" => scenario_block_forever(com),
         "aslr" => scenario_aslr(com),
+        "barrier_mismatch" => scenario_barrier_mismatch(com),
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// Rank 0 calls an allgather while the others call a barrier: every rank
+/// gets `CollectiveMismatch` (not only the one whose collective carried
+/// data), and the collectives stay in step.
+fn scenario_barrier_mismatch<C: Communicator>(com: &C) {
+    let me = com.rank();
+    let e = if me == 0 {
+        com.allgather(&[1u8; 8]).unwrap_err()
+    } else {
+        com.barrier().unwrap_err()
+    };
+    assert!(
+        matches!(e, menps_dsm::com::Error::CollectiveMismatch(_)),
+        "rank {me}: {e}"
+    );
+    assert!(e.to_string().contains("barrier"), "{e}");
+    let ranks = com.allgather(&[me as u8]).unwrap();
+    assert_eq!(ranks, (0..com.size() as u8).collect::<Vec<_>>());
+    com.barrier().unwrap();
+    println!("rank {me}: mismatch ok");
 }
 
 /// A rank runs without address-space randomisation, a program it executes
@@ -186,6 +208,14 @@ fn job_with(
         cmd.env(k, v);
     }
     drive(cmd, &new_tag(scenario), during)
+}
+
+#[test]
+fn a_barrier_against_another_collective_fails_on_every_rank() {
+    for n in [2, 3] {
+        let run = job("barrier_mismatch", n);
+        assert_ok(&run, n, "mismatch ok");
+    }
 }
 
 #[test]

@@ -25,6 +25,7 @@ use crate::com::{Coll, Error, Result};
 
 const OP_BROADCAST: u64 = 1;
 const OP_ALLGATHER: u64 = 2;
+const OP_BARRIER: u64 = 3;
 
 /// Process-local state of the collectives (guarded by the collective lock).
 pub(crate) struct CollState {
@@ -51,6 +52,7 @@ fn op_name(op: u64) -> &'static str {
     match op {
         OP_BROADCAST => "broadcast",
         OP_ALLGATHER => "allgather",
+        OP_BARRIER => "barrier",
         _ => "(another collective)",
     }
 }
@@ -109,6 +111,7 @@ impl<U: UltItf> ShmCom<U> {
             if (rop, rlen, rroot) != (op, len, root) {
                 let what = |o, l, rt| match o {
                     OP_BROADCAST => format!("broadcast of {l} bytes from root {rt}"),
+                    OP_BARRIER => "barrier".to_string(),
                     o => format!("{} of {l} bytes", op_name(o)),
                 };
                 return Err(Error::CollectiveMismatch(format!(
@@ -165,8 +168,11 @@ impl<U: UltItf> ShmCom<U> {
 
 impl<U: UltItf> Coll for ShmCom<U> {
     fn barrier(&self) -> Result<()> {
-        let _st = self.coll.lock();
-        self.barrier_locked()
+        // A collective step of its own (a header, no data), so that a
+        // barrier met by another process's allgather or broadcast is a
+        // mismatch on both sides, not a barrier passed on one.
+        let mut st = self.coll.lock();
+        self.step(&mut st, OP_BARRIER, 0, 0, &[]).map(drop)
     }
 
     fn broadcast(&self, root: usize, buf: &mut [u8]) -> Result<()> {
