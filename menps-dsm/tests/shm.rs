@@ -68,8 +68,31 @@ fn run_scenario<C: Communicator>(name: &str, com: &C) {
         "block_forever" => scenario_block_forever(com),
         "aslr" => scenario_aslr(com),
         "barrier_mismatch" => scenario_barrier_mismatch(com),
+        "stopped_peer" => scenario_stopped_peer(com),
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// Rank 1 stops itself (`SIGSTOP`) before a barrier; the last rank
+/// continues it after 2.5 s. Meanwhile the others' watchdog (1 s in the
+/// test) reports the wait and names the stopped rank.
+fn scenario_stopped_peer<C: Communicator>(com: &C) {
+    let (me, n) = (com.rank(), com.size());
+    let pids = com.allgather(&std::process::id().to_le_bytes()).unwrap();
+    let pid1 = u32::from_le_bytes(pids[4..8].try_into().unwrap());
+    if me == n - 1 {
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(2500));
+            // SAFETY: kill(2) with a pid of this job.
+            unsafe { libc::kill(pid1 as i32, libc::SIGCONT) };
+        });
+    }
+    if me == 1 {
+        // SAFETY: raise(3) stops this process until SIGCONT.
+        unsafe { libc::raise(libc::SIGSTOP) };
+    }
+    com.barrier().unwrap();
+    println!("rank {me}: stopped peer ok");
 }
 
 /// Rank 0 calls an allgather while the others call a barrier: every rank
@@ -208,6 +231,30 @@ fn job_with(
         cmd.env(k, v);
     }
     drive(cmd, &new_tag(scenario), during)
+}
+
+#[test]
+fn the_watchdog_names_a_stopped_peer() {
+    let run = job_with(
+        "stopped_peer",
+        3,
+        &[("MENPS_WATCHDOG_SECS", "1")],
+        |_, _| true,
+    );
+    assert_ok(&run, 3, "stopped peer ok");
+    for r in [0, 2] {
+        let want = format!("menps: rank {r} has waited 1 s for every other rank (a barrier");
+        assert!(
+            run.stderr.contains(&want),
+            "missing {want:?}: {}",
+            run.dump()
+        );
+    }
+    assert!(
+        run.stderr.contains("rank 1 (pid ") && run.stderr.contains(") is stopped"),
+        "{}",
+        run.dump()
+    );
 }
 
 #[test]

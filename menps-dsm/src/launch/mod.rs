@@ -64,6 +64,7 @@
 //! | `MENPS_PREFIX_OUTPUT` | `1`: prefix every output line with `[rank N] ` | `0` |
 //! | `MENPS_GRACE_MS` | time the other processes get to exit after one failed, before they are killed | `2000` |
 //! | `MENPS_TIMEOUT_SECS` | kill the whole job after this many seconds (exit status 124) | none |
+//! | `MENPS_WATCHDOG_SECS` | a process waiting this long for a peer says which operation and which peers (naming stopped ones); `0`: never | `30` |
 //! | `MENPS_RING_BYTES` | p2p ring per ordered pair of processes (power of two ≥ 128 KiB) | `131072` |
 //! | `MENPS_COLL_CHUNK_BYTES` | collective scratch per process and step | `65536` |
 //! | `MENPS_MPIRUN` | `mpirun` command of `--backend mpi` | `mpirun` |
@@ -134,6 +135,8 @@ pub mod env {
     pub const LAUNCHER_PID: &str = "MENPS_LAUNCHER_PID";
     /// The `mpirun` command of `--backend mpi`.
     pub const MPIRUN: &str = "MENPS_MPIRUN";
+    /// Seconds a process waits for a peer before it says so (0: never).
+    pub const WATCHDOG_SECS: &str = "MENPS_WATCHDOG_SECS";
     /// Variables whose presence means "started by an MPI launcher".
     pub const MPIRUN_MARKERS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"];
 }
@@ -232,6 +235,34 @@ fn parse_bool_env(name: &str) -> Result<Option<bool>> {
         Some("0" | "false" | "no" | "off") => Ok(Some(false)),
         Some(v) => Err(Error::BadConfig(format!("{name}={v:?} must be 0 or 1"))),
     }
+}
+
+/// Default of [`env::WATCHDOG_SECS`].
+const WATCHDOG_DEFAULT: Duration = Duration::from_secs(30);
+
+/// How long a process of a shm job waits for a peer before it reports the
+/// wait (once per wait): [`env::WATCHDOG_SECS`], default 30 s; `None` when
+/// set to 0. Read once per process; a bad value is reported once and the
+/// default kept (the wait itself must not fail on it).
+pub(crate) fn watchdog_period() -> Option<Duration> {
+    static PERIOD: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *PERIOD.get_or_init(|| match parse_env::<f64>(env::WATCHDOG_SECS) {
+        Ok(None) => Some(WATCHDOG_DEFAULT),
+        Ok(Some(0.0)) => None,
+        Ok(Some(s)) if s > 0.0 && s < 1e9 => Some(Duration::from_secs_f64(s)),
+        Ok(Some(s)) => {
+            eprintln!(
+                "menps: {}={s} is not a number of seconds; using {} s",
+                env::WATCHDOG_SECS,
+                WATCHDOG_DEFAULT.as_secs()
+            );
+            Some(WATCHDOG_DEFAULT)
+        }
+        Err(e) => {
+            eprintln!("menps: {e}; using {} s", WATCHDOG_DEFAULT.as_secs());
+            Some(WATCHDOG_DEFAULT)
+        }
+    })
 }
 
 impl JobConfig {

@@ -73,7 +73,8 @@ impl<U: UltItf> ShmCom<U> {
             }
             Ok(())
         } else {
-            self.wait_until(Watch::AllOthers, || {
+            let what = || "a barrier or collective".to_string();
+            self.wait_until(Watch::AllOthers, Some(&what), || {
                 Ok((generation.load(Ordering::Acquire) != g).then_some(()))
             })
         }

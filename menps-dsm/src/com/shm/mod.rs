@@ -203,12 +203,19 @@ impl<U: UltItf> ShmCom<U> {
 
     /// Polls until `poll` gives a value, an error, or `watch` (or a death in
     /// the job) says it never will. Backs off: spin, yield, doorbell sleep.
+    /// A wait longer than the watchdog period (`MENPS_WATCHDOG_SECS`) is
+    /// reported once, naming `what` is awaited and any stopped peer (`None`:
+    /// a wait that may last as long as the program likes, such as a server
+    /// waiting for its next request).
     pub(crate) fn wait_until<T>(
         &self,
         watch: Watch,
+        what: Option<&dyn Fn() -> String>,
         mut poll: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
         let mut round = 0u32;
+        let mut asleep_since: Option<std::time::Instant> = None;
+        let mut reported = false;
         loop {
             if let Some(v) = poll()? {
                 return Ok(v);
@@ -223,6 +230,15 @@ impl<U: UltItf> ShmCom<U> {
                 U::yield_now();
                 std::thread::yield_now();
             } else {
+                let since = *asleep_since.get_or_insert_with(std::time::Instant::now);
+                if !reported
+                    && let Some(what) = what
+                    && let Some(period) = crate::launch::watchdog_period()
+                    && since.elapsed() >= period
+                {
+                    self.report_long_wait(watch, what, period);
+                    reported = true;
+                }
                 let slot = self.control.slot(self.rank);
                 slot.sleepers.fetch_add(1, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
@@ -241,6 +257,48 @@ impl<U: UltItf> ShmCom<U> {
             }
             round = round.saturating_add(1);
         }
+    }
+
+    /// The watchdog's report: this process has waited `period` for `what`
+    /// from the peers of `watch`; peers that are stopped (`SIGSTOP`, a
+    /// debugger) are named, since they are the usual reason.
+    #[cold]
+    fn report_long_wait(&self, watch: Watch, what: &dyn Fn() -> String, period: Duration) {
+        let peers: Vec<usize> = match watch {
+            Watch::Rank(r) => vec![r],
+            Watch::AllOthers | Watch::AnyOther => {
+                (0..self.size).filter(|&r| r != self.rank).collect()
+            }
+        };
+        let stopped: Vec<String> = peers
+            .iter()
+            .filter_map(|&r| {
+                let pid = self.control.slot(r).pid.load(Ordering::Relaxed);
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                // The state follows the command name's closing parenthesis.
+                let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+                matches!(state, 'T' | 't').then(|| format!("rank {r} (pid {pid}) is stopped"))
+            })
+            .collect();
+        let whom = match watch {
+            Watch::Rank(r) => format!("rank {r}"),
+            Watch::AllOthers => "every other rank".to_string(),
+            Watch::AnyOther => "any other rank".to_string(),
+        };
+        let mut msg = format!(
+            "menps: rank {} has waited {:.0} s for {whom} ({}); still waiting",
+            self.rank,
+            period.as_secs_f64(),
+            what()
+        );
+        if !stopped.is_empty() {
+            msg.push_str(": ");
+            msg.push_str(&stopped.join(", "));
+        }
+        msg.push('\n');
+        // One write, so that other processes' output cannot split the line.
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(msg.as_bytes());
     }
 
     #[inline]

@@ -196,7 +196,9 @@ impl<U: UltItf> ShmCom<U> {
     ) -> Result<(usize, Vec<u8>)> {
         let watch = self.source_watch(from)?;
         self.check_alive()?;
-        self.wait_until(watch, || self.take_matching(from, tag, &fits))
+        // A receive may wait as long as the program likes (a server
+        // waiting for requests): no watchdog.
+        self.wait_until(watch, None, || self.take_matching(from, tag, &fits))
     }
 }
 
@@ -211,7 +213,8 @@ impl<U: UltItf> P2p for ShmCom<U> {
         self.check_rank(to)?;
         self.check_alive()?;
         let ring = self.control.ring(self.rank, to);
-        self.wait_until(Watch::Rank(to), || {
+        let what = || format!("room in the message ring to rank {to}");
+        self.wait_until(Watch::Rank(to), Some(&what), || {
             let _g = lock(&self.p2p.send_locks[to]);
             Ok(ring.try_push(tag, data).then_some(()))
         })?;

@@ -147,14 +147,17 @@ impl<U: UltItf> ShmCom<U> {
             .as_ref()
             .expect("every rank has a socket to rank 0");
         let mut buf = [0u8; 24];
-        let (len, fd) = self.wait_until(Watch::Rank(0), || {
-            match sys::try_recv_with_fd(sock.as_fd(), &mut buf) {
+        let what = || format!("the memory of window {id}");
+        let (len, fd) = self.wait_until(
+            Watch::Rank(0),
+            Some(&what),
+            || match sys::try_recv_with_fd(sock.as_fd(), &mut buf) {
                 Ok(Received::Nothing) => Ok(None),
                 Ok(Received::Packet { len, fd }) => Ok(Some((len, fd))),
                 Ok(Received::Closed) => Err(self.departure_of(0)),
                 Err(e) => Err(sys::io_error("recvmsg(window descriptor)", &e)),
-            }
-        })?;
+            },
+        )?;
         let ok =
             len == buf.len() && u64_at(&buf, 0) == u64::from(id) && u64_at(&buf, 1) == total as u64;
         if !ok {
