@@ -194,6 +194,22 @@ fn bad_configuration_is_a_clear_error() {
 }
 
 #[test]
+fn mismatched_collectives_fail_on_every_rank() {
+    for n in [2, 3] {
+        let run = job("mismatch", n, POLICIES[0]);
+        assert!(!run.status.success(), "{}", run.dump());
+        assert!(!run.stdout.contains("passed"), "{}", run.dump());
+        for r in 0..n {
+            assert!(
+                run.stdout.contains(&format!("rank {r}: mismatch: ")),
+                "rank {r} did not see the mismatch: {}",
+                run.dump()
+            );
+        }
+    }
+}
+
+#[test]
 fn write_write_race_is_reported() {
     for &pol in &POLICIES {
         let run = job("race", 3, pol);

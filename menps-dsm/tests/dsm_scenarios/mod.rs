@@ -12,6 +12,22 @@ use super::common::SCENARIO;
 
 pub type D = Dsm<AnyCom<OsThreads>, OsThreads>;
 
+/// Rank 0 creates a segment (collective) while the others call a barrier:
+/// every rank gets an error from that collective, and exits non-zero.
+fn mismatch(dsm: &D) -> ! {
+    let me = dsm.rank();
+    let r = if me == 0 {
+        dsm.alloc_segment(4096, 4096).map(drop)
+    } else {
+        dsm.barrier()
+    };
+    match r {
+        Ok(()) => println!("rank {me}: the mismatched collective passed"),
+        Err(e) => println!("rank {me}: mismatch: {e}"),
+    }
+    std::process::exit(5);
+}
+
 /// Runs the scenario named by `MENPS_TEST_SCENARIO` in a job process (a
 /// no-op without it).
 pub fn job_entry() {
@@ -36,6 +52,7 @@ pub fn job_entry() {
         "segv_null" => segv_null(&dsm),
         "overflow" => overflow(&dsm),
         "disabled_thread" => disabled_thread(&dsm),
+        "mismatch" => mismatch(&dsm),
         other => panic!("unknown scenario {other}"),
     }
     if std::env::var_os("MENPS_TEST_STATS").is_some() {
