@@ -69,8 +69,44 @@ fn run_scenario<C: Communicator>(name: &str, com: &C) {
         "aslr" => scenario_aslr(com),
         "barrier_mismatch" => scenario_barrier_mismatch(com),
         "stopped_peer" => scenario_stopped_peer(com),
+        "launcher_stopped" => scenario_launcher_stopped(com),
         other => panic!("unknown scenario {other}"),
     }
+}
+
+/// The last rank stops the launcher (`SIGSTOP`) and kills itself: the
+/// others, waiting in a barrier, must see `PeerDied` without the launcher's
+/// help; rank 0 then continues the launcher.
+fn scenario_launcher_stopped<C: Communicator>(com: &C) {
+    let (me, n) = (com.rank(), com.size());
+    let launcher: i32 = std::env::var("MENPS_LAUNCHER_PID")
+        .unwrap()
+        .parse()
+        .unwrap();
+    com.barrier().unwrap();
+    if me == n - 1 {
+        // SAFETY: kill(2) to the launcher, then to ourselves.
+        unsafe {
+            libc::kill(launcher, libc::SIGSTOP);
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+        unreachable!();
+    }
+    let start = Instant::now();
+    let e = com.barrier().unwrap_err();
+    let ms = start.elapsed().as_millis();
+    println!("rank {me}: {e} after {ms} ms");
+    assert!(
+        matches!(e, Error::PeerDied { rank } if rank == n - 1),
+        "rank {me}: {e}"
+    );
+    if me == 0 {
+        // Let the launcher finish the job.
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: kill(2) to the launcher.
+        unsafe { libc::kill(launcher, libc::SIGCONT) };
+    }
+    std::process::exit(1);
 }
 
 /// Rank 1 stops itself (`SIGSTOP`) before a barrier; the last rank
@@ -231,6 +267,25 @@ fn job_with(
         cmd.env(k, v);
     }
     drive(cmd, &new_tag(scenario), during)
+}
+
+#[test]
+fn ranks_detect_a_dead_peer_while_the_launcher_is_stopped() {
+    let run = job("launcher_stopped", 3);
+    assert!(!run.status.success(), "{}", run.dump());
+    for r in 0..2 {
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("rank {r}: ")))
+            .unwrap_or_else(|| panic!("rank {r} did not report: {}", run.dump()));
+        let ms: u64 = line
+            .rsplit_once(" after ")
+            .and_then(|(_, t)| t.strip_suffix(" ms"))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        assert!(ms < 3000, "rank {r} took {ms} ms: {}", run.dump());
+    }
 }
 
 #[test]

@@ -339,8 +339,14 @@ impl Control {
 
     /// Records that process `r` ended (the launcher): `ok` for exit status
     /// 0. A failure also sets the job's `failed` word if it is the first.
+    ///
+    /// Idempotent: the launcher and the process's peers (which watch it
+    /// themselves, in case the launcher cannot) may both report it.
     pub fn mark_ended(&self, r: usize, ok: bool) {
         let s = self.slot(r);
+        if s.state.load(Ordering::SeqCst) != state::RUNNING {
+            return;
+        }
         let seq = self.header().ended.fetch_add(1, Ordering::SeqCst) + 1;
         s.ended_seq.store(seq, Ordering::SeqCst);
         if ok {

@@ -239,6 +239,12 @@ impl<U: UltItf> ShmCom<U> {
                     self.report_long_wait(watch, what, period);
                     reported = true;
                 }
+                // Peers are watched here too, not only by the launcher (which
+                // may be stopped or descheduled): every 64 sleeps, about
+                // every 64 ms.
+                if (round - SPIN_ROUNDS - YIELD_ROUNDS).is_multiple_of(64) {
+                    self.watch_peers();
+                }
                 let slot = self.control.slot(self.rank);
                 slot.sleepers.fetch_add(1, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
@@ -256,6 +262,36 @@ impl<U: UltItf> ShmCom<U> {
                 U::yield_now();
             }
             round = round.saturating_add(1);
+        }
+    }
+
+    /// Records peers that have ended (gone, or zombies their launcher has
+    /// not reaped), from `/proc`, with their exit status: a dead peer is
+    /// detected even when the launcher cannot run.
+    #[cold]
+    fn watch_peers(&self) {
+        for r in (0..self.size).filter(|&r| r != self.rank) {
+            let slot = self.control.slot(r);
+            let pid = slot.pid.load(Ordering::Relaxed);
+            if pid == 0 || slot.state.load(Ordering::Acquire) != state::RUNNING {
+                continue;
+            }
+            match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                // Gone (and reaped by someone else than our launcher, which
+                // would have recorded it): it did not end well.
+                Err(_) => self.control.mark_ended(r, false),
+                Ok(stat) => {
+                    let Some((_, rest)) = stat.rsplit_once(')') else {
+                        continue;
+                    };
+                    let fields: Vec<&str> = rest.split_whitespace().collect();
+                    if matches!(fields.first(), Some(&"Z" | &"X")) {
+                        // Field 52, the wait status (field 3 is fields[0]).
+                        let ok = fields.get(49).and_then(|v| v.parse::<i32>().ok()) == Some(0);
+                        self.control.mark_ended(r, ok);
+                    }
+                }
+            }
         }
     }
 
