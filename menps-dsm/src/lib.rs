@@ -42,6 +42,24 @@
 //! # Ok::<(), menps_dsm::com::Error>(())
 //! ```
 //!
+//! # Examples
+//!
+//! `menps-dsm/examples/` holds programs that start their own job (4
+//! processes unless `MENPS_NPROCS` says otherwise):
+//!
+//! - `dot_product`: SPMD code on the DSM without `unsafe` — every process
+//!   fills its own stripe of two [`dsm::DsmVec`]s (checked, borrow-tracked
+//!   access: [`dsm::DsmVec::my_part_mut`]) with user-level threads, and
+//!   everybody reads every stripe after a barrier ([`dsm::DsmVec::view`]);
+//!   verified against a closed form.
+//! - `cg`: conjugate gradient on DSM segments, verified against a serial
+//!   solve.
+//! - `hello_shm`: the communication layer alone (RMA, atomics, collectives).
+//!
+//! ```text
+//! cargo run --release -p menps-dsm --example dot_product
+//! ```
+//!
 //! # Environment variables
 //!
 //! See [`launch`] for the full table (`MENPS_NPROCS`, `MENPS_PREFIX_OUTPUT`,

@@ -60,8 +60,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Application code accesses DSM memory through raw pointers (or the typed
-//! helpers of the heap); the access may fault and be resolved, possibly
+//! Application code accesses DSM memory through raw pointers, or through
+//! the typed helpers of the heap: [`DsmBox`], and [`DsmVec`], whose checked
+//! stripes let SPMD code — each process writes its part, everybody reads
+//! everything after a barrier — do without `unsafe` (the crate's
+//! `dot_product` example). An access may fault and be resolved, possibly
 //! parking the calling user-level thread.
 //!
 //! # Memory, threads and processes
@@ -118,7 +121,7 @@ pub use heap::{HeapStats, HeapUsage};
 pub use memory::{Region, RegionKind, SlotRegion};
 pub use segment::BlockState;
 pub use space::StatsSnapshot;
-pub use typed::{DsmBox, DsmVec};
+pub use typed::{DsmBox, DsmVec, Stripe, StripeMut};
 
 use space::{AtomicOp, Space};
 
