@@ -234,6 +234,28 @@ fn menps_run_backend_mpi_starts_the_job_with_mpirun() {
     }
 }
 
+/// A program that starts its own job (`init_or_relaunch`) with
+/// `MENPS_BACKEND=mpi` runs itself under `mpirun` (which must be given the
+/// program's real path: `/proc/self/exe` would name `mpirun` itself).
+#[test]
+fn self_relaunch_with_menps_backend_mpi_runs_mpirun() {
+    let tag = new_tag("relaunch-mpi");
+    let mut cmd = clean_cmd(std::env::current_exe().unwrap());
+    entry_args(&mut cmd);
+    cmd.env(SCENARIO, "hello")
+        .env("MENPS_BACKEND", "mpi")
+        .env("MENPS_NPROCS", "3");
+    let run = drive(cmd, &tag, |_, _| true);
+    assert!(run.status.success(), "{}", run.dump());
+    for r in 0..3 {
+        assert!(
+            run.stdout.contains(&format!("hello {r} of 3")),
+            "{}",
+            run.dump()
+        );
+    }
+}
+
 #[test]
 fn mpi_rma_put_get_all_sizes_2_3_4_procs() {
     on_paths("rma", 2, 3, "rma ok");

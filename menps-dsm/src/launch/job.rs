@@ -192,7 +192,16 @@ pub fn run_mpi_job(config: &JobConfig, program: &Program) -> Result<i32> {
     if config.prefix_output {
         cmd.arg("--tag-output");
     }
-    cmd.arg(&program.path).args(&program.args);
+    // `mpirun` would resolve `/proc/self/exe` (a self-relaunching program,
+    // `Program::current`) as itself: give it the program's real path.
+    let path = if program.path == "/proc/self/exe" {
+        std::fs::read_link(&program.path)
+            .map_err(|e| sys::io_error("readlink /proc/self/exe", &e))?
+            .into_os_string()
+    } else {
+        program.path.clone()
+    };
+    cmd.arg(path).args(&program.args);
     let mut child = cmd.spawn().map_err(|e| {
         Error::BadConfig(format!(
             "cannot start {mpirun:?} for the mpi backend: {e} (install OpenMPI, e.g. \
