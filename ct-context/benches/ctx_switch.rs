@@ -285,6 +285,25 @@ fn main() {
     let n: usize = args.get("round-trips", 10_000_000);
     let runs: usize = args.get("runs", 7);
     let only: String = args.get("only", String::new());
+    args.finish("ctx_switch");
+    const NAMES: [&str; 6] = [
+        "x86_64",
+        "x86_64-fpu",
+        "portable",
+        "corosensei",
+        "ct-coroutine",
+        "call-ret",
+    ];
+    if let Some(bad) = only
+        .split(',')
+        .find(|o| !o.is_empty() && !NAMES.contains(o))
+    {
+        eprintln!(
+            "ctx_switch: unknown --only name {bad} ({})",
+            NAMES.join(", ")
+        );
+        std::process::exit(2);
+    }
     let wanted = |name: &str| only.is_empty() || only.split(',').any(|o| o == name);
     let params = |mode: &str| vec![("round_trips", n.into()), ("mode", mode.into())];
 
@@ -342,4 +361,5 @@ fn main() {
         let s = repeat(runs, || run_call_ret(n));
         emit(SUITE, BENCH, "call-ret", &params("two-calls"), "ns", &s);
     }
+    ct_bench::print_summary();
 }

@@ -12,6 +12,9 @@
 //! 2. **Guard pages** of stacks registered with [`register_guard`] (every
 //!    [`crate::MmapStack`] registers its own): the handler writes
 //!    `fatal: stack overflow in user-level thread …` to stderr and aborts.
+//!    The report ends with advice: the [overflow hint](set_overflow_hint) a
+//!    layer that sizes the stacks registered (ct-worker names `CT_STACK_SIZE`
+//!    and `Builder::stack_size`), or `use a larger stack size`.
 //! 3. **Anything else** goes to the handler that was installed before ours
 //!    (Rust's own, which reports overflows of OS-thread stacks), or to the default
 //!    action, so a genuine segfault still crashes as usual.
@@ -69,7 +72,8 @@
 //! ```
 
 use core::cell::UnsafeCell;
-use core::sync::atomic::{AtomicUsize, Ordering};
+use core::ffi::{CStr, c_char};
+use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Once;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -99,6 +103,34 @@ static NEXT_FREE: AtomicUsize = AtomicUsize::new(0);
 static HOOKS: [AtomicUsize; MAX_FAULT_HOOKS] = [const { AtomicUsize::new(0) }; MAX_FAULT_HOOKS];
 
 static INSTALL: Once = Once::new();
+
+/// The advice an overflow report ends with (a `&'static CStr`); null: the
+/// generic one.
+static OVERFLOW_HINT: AtomicPtr<c_char> = AtomicPtr::new(core::ptr::null_mut());
+
+/// Sets the advice that stack-overflow reports end with, in place of `use a
+/// larger stack size`: a layer that creates guarded stacks names the setting
+/// that sizes them. ct-worker's default stack source sets one naming
+/// `CT_STACK_SIZE` and `Builder::stack_size`. Process-wide; the last call
+/// wins.
+///
+/// ```
+/// ct_context::trap::set_overflow_hint(c"raise MY_STACK_SIZE (default 64k)");
+/// assert_eq!(
+///     ct_context::trap::overflow_hint(),
+///     Some(c"raise MY_STACK_SIZE (default 64k)")
+/// );
+/// ```
+pub fn set_overflow_hint(hint: &'static CStr) {
+    OVERFLOW_HINT.store(hint.as_ptr().cast_mut(), Ordering::Release);
+}
+
+/// The advice set with [`set_overflow_hint`], if any.
+pub fn overflow_hint() -> Option<&'static CStr> {
+    let p = OVERFLOW_HINT.load(Ordering::Acquire);
+    // SAFETY: only pointers of `&'static CStr`s are stored.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) })
+}
 
 struct PrevAction(UnsafeCell<core::mem::MaybeUninit<libc::sigaction>>);
 // SAFETY: written once inside `INSTALL.call_once`, before our handler can run;
@@ -380,7 +412,7 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c
 }
 
 fn report_overflow(addr: usize, start: usize, len: usize) -> ! {
-    let mut buf = [0u8; 192];
+    let mut buf = [0u8; 512];
     let mut w = BufWriter::new(&mut buf);
     w.put(b"\nfatal: stack overflow in user-level thread (fault at ");
     w.hex(addr);
@@ -388,7 +420,13 @@ fn report_overflow(addr: usize, start: usize, len: usize) -> ! {
     w.hex(start);
     w.put(b"..");
     w.hex(start + len);
-    w.put(b"); use a larger stack size\n");
+    w.put(b"); ");
+    // `CStr::to_bytes` only scans for the terminator: async-signal-safe.
+    match overflow_hint() {
+        Some(hint) => w.put(hint.to_bytes()),
+        None => w.put(b"use a larger stack size"),
+    }
+    w.put(b"\n");
     w.write_to_stderr();
     // SAFETY: `abort` is async-signal-safe.
     unsafe { libc::abort() }

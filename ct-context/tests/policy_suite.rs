@@ -704,6 +704,32 @@ fn overflow_is_reported(filter: &str) {
         err.contains("stack overflow in user-level thread"),
         "missing overflow message in stderr:\n{err}"
     );
+    // No layer set an overflow hint in the child: the generic advice.
+    assert!(
+        err.contains("); use a larger stack size\n"),
+        "missing advice in stderr:\n{err}"
+    );
+}
+
+#[test]
+#[ignore = "helper: runs in a child process of `overflow_report_ends_with_the_hint`"]
+fn overflow_hint_child() {
+    ct_context::trap::set_overflow_hint(c"raise TEST_STACK_SIZE");
+    overflow_child::<ct_context::DefaultPolicy>();
+}
+
+/// A layer's overflow hint replaces the generic advice.
+#[test]
+fn overflow_report_ends_with_the_hint() {
+    let (_, err) = run_child("overflow_hint_child");
+    assert!(
+        err.contains("stack overflow in user-level thread"),
+        "missing overflow message in stderr:\n{err}"
+    );
+    assert!(
+        err.contains("); raise TEST_STACK_SIZE\n"),
+        "missing hint in stderr:\n{err}"
+    );
 }
 
 // --- The safe coroutine layer, on every policy. ---------------------------------

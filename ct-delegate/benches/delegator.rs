@@ -156,6 +156,7 @@ fn main() {
     let iters: u64 = args.get("iters", 200_000);
     let workers: Vec<usize> = args.list("workers", &[1, 2]);
     let runs: usize = args.get("runs", 7);
+    args.finish("delegator");
     // How expensive cross-core hand-offs are on this machine right now.
     ct_bench::emit_line_round_trip("ct-delegate", "delegator", runs);
     let params = |w: usize| -> Vec<(&str, Param)> {
@@ -234,4 +235,5 @@ fn main() {
         "ns",
         &s,
     );
+    ct_bench::print_summary();
 }

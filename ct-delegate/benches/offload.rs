@@ -780,7 +780,12 @@ fn measure(
     cfg: &Cfg,
 ) -> Vec<String> {
     let mut samples: Vec<Vec<Sample>> = methods.iter().map(|_| Vec::new()).collect();
+    let mut steal = ct_bench::StealMeter::start();
     for run in 0..=runs {
+        if run == 1 {
+            // Host steal over the measured runs, as `repeat` reports it.
+            steal = ct_bench::StealMeter::start();
+        }
         for (i, &m) in methods.iter().enumerate() {
             let s = run_once(rt, m, metric, r, cfg);
             if run > 0 {
@@ -788,6 +793,7 @@ fn measure(
             }
         }
     }
+    let steal = steal.pct();
     let params = |name: &str| -> Vec<(&str, Param)> {
         let mut v: Vec<(&str, Param)> = vec![
             ("metric", name.into()),
@@ -823,7 +829,7 @@ fn measure(
                 m.name(),
                 &params(name),
                 unit,
-                &Stats::from_samples(&v),
+                &Stats::from_samples(&v).with_host_steal(steal),
             );
         }
     }
@@ -842,7 +848,7 @@ fn measure(
                 .zip(&samples[i])
                 .map(|(a, b)| f(a) / f(b))
                 .collect();
-            let rs = Stats::from_samples(&v);
+            let rs = Stats::from_samples(&v).with_host_steal(steal);
             emit("ct-delegate", "offload", &imp, &params(name), "ratio", &rs);
             if metric == Metric::Rate && r >= 4 {
                 summary.push(format!(
@@ -902,6 +908,7 @@ fn main() {
     );
     let named: Vec<(&str, Method)> = Method::ALL.iter().map(|&m| (m.name(), m)).collect();
     let methods = args.choices("methods", "offload", &named);
+    args.finish("offload");
     if cfg.queue < 2 || cfg.batch == 0 || cfg.p.depth == 0 || runs == 0 {
         eprintln!("offload: --queue must be >= 2; --batch, --depth and --runs >= 1");
         std::process::exit(2);
@@ -918,6 +925,7 @@ fn main() {
             }
         }
     }
+    ct_bench::print_summary();
     for line in summary {
         eprintln!("offload: {line}");
     }

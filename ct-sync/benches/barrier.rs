@@ -26,6 +26,7 @@ fn main() {
     let os_episodes: u64 = args.get("os-episodes", 3_000);
     let workers: Vec<usize> = args.list("workers", &[1, 2]);
     let runs: usize = args.get("runs", 5);
+    args.finish("barrier");
     // How expensive cross-core hand-offs are on this machine right now.
     ct_bench::emit_line_round_trip("ct-sync", "barrier", runs);
 
@@ -117,4 +118,5 @@ fn main() {
         "s",
         &s,
     );
+    ct_bench::print_summary();
 }

@@ -126,9 +126,10 @@ fn main() {
     let mutexes: Vec<usize> = args.list("mutexes", &[1, 50]);
     let workers: Vec<usize> = args.list("workers", &[1, 2]);
     let runs: usize = args.get("runs", 7);
+    let baselines: bool = args.get("baselines", true);
+    args.finish("mutex");
     // How expensive cross-core hand-offs are on this machine right now.
     ct_bench::emit_line_round_trip("ct-sync", "mutex", runs);
-    let baselines: bool = args.get("baselines", true);
 
     for &m in &mutexes {
         let params = |w: usize| -> Vec<(&str, Param)> {
@@ -196,4 +197,5 @@ fn main() {
         });
         emit("ct-sync", "mutex", "ct-sync-os", &params(threads), "s", &s);
     }
+    ct_bench::print_summary();
 }

@@ -64,6 +64,7 @@ fn main() {
     let n: u64 = args.get("n", 1_000_000);
     let workers: Vec<usize> = args.list("workers", &[1, 2]);
     let runs: usize = args.get("runs", 7);
+    args.finish("create");
     for &w in &workers {
         eprintln!("ct-worker create {n} with {w} workers...");
         let rt = ct_worker::Runtime::builder()
@@ -131,4 +132,5 @@ fn main() {
             &s,
         );
     }
+    ct_bench::print_summary();
 }

@@ -143,6 +143,7 @@ fn main() {
     let ns: Vec<u64> = args.list("n", &[30, 35]);
     let workers: Vec<usize> = args.list("workers", &[1, 2]);
     let runs: usize = args.get("runs", 7);
+    args.finish("fib");
 
     for &n in &ns {
         eprintln!("serial fib({n})...");
@@ -215,4 +216,5 @@ fn main() {
             );
         }
     }
+    ct_bench::print_summary();
 }

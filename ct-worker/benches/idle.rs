@@ -37,6 +37,7 @@ fn main() {
     let secs: f64 = args.get("secs", 2.0);
     let workers: usize = args.get("workers", 2);
     let runs: usize = args.get("runs", 5);
+    args.finish("idle");
     let rt = ct_worker::Runtime::builder()
         .workers(workers)
         .build()
@@ -61,4 +62,5 @@ fn main() {
         "cores",
         &s,
     );
+    ct_bench::print_summary();
 }

@@ -12,6 +12,7 @@
 //! mapped it. A DSM carves stacks out of a shared address range instead
 //! (memory it owns; [`ct_context::RawStack`] describes such memory).
 
+use core::ffi::CStr;
 use core::mem::ManuallyDrop;
 use core::ptr::{self, NonNull};
 
@@ -99,9 +100,16 @@ pub unsafe trait StackSource: Send + Sync + Sized + 'static {
     }
 }
 
+/// What the report of an overflow of an [`MmapStacks`] stack advises (see
+/// [`ct_context::trap::set_overflow_hint`]).
+pub(crate) const OVERFLOW_HINT: &CStr = c"raise the stack size of a ct-worker runtime's \
+    user-level threads: Builder::stack_size, or CT_STACK_SIZE when the builder sets none \
+    (k/M suffixes, e.g. CT_STACK_SIZE=1M; default 128k)";
+
 /// The default stack source: each stack is an [`MmapStack`] (a guard page
-/// below it; an overflow ends the process with a message) of the configured
-/// size, pooled per worker — a stack freed on another worker goes back to the
+/// below it; an overflow ends the process with a message naming
+/// `CT_STACK_SIZE` and [`Builder::stack_size`](crate::Builder::stack_size))
+/// of the configured size, pooled per worker — a stack freed on another worker goes back to the
 /// one that mapped it; stacks made outside any worker go to a global cache.
 #[derive(Debug)]
 pub struct MmapStacks {
@@ -159,6 +167,7 @@ unsafe impl StackSource for MmapStacks {
         }
         self.size = stack_size;
         self.pool = SharedPool::new(workers);
+        ct_context::trap::set_overflow_hint(OVERFLOW_HINT);
         // Check that such a stack can be mapped now rather than at the first
         // spawn; it becomes the first cached stack.
         let probe = StackBlock::create(stack_size, GLOBAL)?;
@@ -262,5 +271,26 @@ impl StackBlock {
     fn region(this: NonNull<Self>) -> StackRegion {
         // SAFETY: handed-out and pooled blocks are valid.
         unsafe { this.as_ref().region }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overflow_hint_names_the_knobs_and_the_default() {
+        let hint = OVERFLOW_HINT.to_str().unwrap();
+        assert!(hint.contains("CT_STACK_SIZE"), "{hint}");
+        assert!(hint.contains("Builder::stack_size"), "{hint}");
+        let default = format!("default {}k", crate::DEFAULT_STACK_SIZE / 1024);
+        assert!(hint.contains(&default), "{hint}");
+    }
+
+    #[test]
+    fn building_the_default_source_sets_the_hint() {
+        let mut s = MmapStacks::default();
+        s.init(64 * 1024, 1).unwrap();
+        assert_eq!(ct_context::trap::overflow_hint(), Some(OVERFLOW_HINT));
     }
 }

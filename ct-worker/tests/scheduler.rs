@@ -798,4 +798,8 @@ fn stack_overflow_in_a_thread_is_reported() {
         err.contains("stack overflow in user-level thread"),
         "stderr:\n{err}"
     );
+    // The report names the knobs that size a thread's stack.
+    for knob in ["CT_STACK_SIZE", "Builder::stack_size", "default 128k"] {
+        assert!(err.contains(knob), "no {knob} in stderr:\n{err}");
+    }
 }

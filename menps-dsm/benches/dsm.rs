@@ -63,6 +63,21 @@ type D = Dsm<AnyCom<OsThreads>, OsThreads>;
 
 const CHILD: &str = "MENPS_DSM_BENCH_PART";
 
+/// The options [`job`] reads (in the job processes; the driver checks them).
+const JOB_OPTIONS: &[&str] = &[
+    "runs",
+    "barriers",
+    "read-sizes",
+    "read-blocks",
+    "stripes",
+    "fs-iters",
+    "protocol-iters",
+    "alloc-pairs",
+    "forks",
+    "team-threads",
+    "team-barriers",
+];
+
 fn main() {
     let args = Args::from_env();
     if args.help() {
@@ -77,18 +92,20 @@ fn main() {
 
 /// Runs one job per part, process count and variant.
 fn drive(args: &Args) {
-    let parts: Vec<String> = args.list(
-        "parts",
-        &[
-            "barrier".to_string(),
-            "read".to_string(),
-            "false-sharing".to_string(),
-            "protocol".to_string(),
-            "fork-join".to_string(),
-            "team-barrier".to_string(),
-            "alloc".to_string(),
-        ],
-    );
+    const PARTS: [&str; 7] = [
+        "barrier",
+        "read",
+        "false-sharing",
+        "protocol",
+        "fork-join",
+        "team-barrier",
+        "alloc",
+    ];
+    let parts: Vec<String> = args.list("parts", &PARTS.map(String::from));
+    if let Some(p) = parts.iter().find(|p| !PARTS.contains(&p.as_str())) {
+        eprintln!("dsm bench: unknown part {p} ({})", PARTS.join(", "));
+        std::process::exit(2);
+    }
     let procs: Vec<usize> = args.list("procs", &[2, 4]);
     let exe = std::env::current_exe().expect("current exe");
     let passthrough: Vec<String> = std::env::args().skip(1).collect();
@@ -100,6 +117,9 @@ fn drive(args: &Args) {
     let mut failed = false;
     let alloc_procs: Vec<usize> = args.list("alloc-procs", &[1, 2]);
     let team_procs: Vec<usize> = args.list("team-procs", &[2]);
+    let wn_lists: Vec<usize> = args.list("wn-lists", &[16, 1024]);
+    args.allow(JOB_OPTIONS);
+    args.finish("dsm");
     for part in &parts {
         let procs = match part.as_str() {
             "alloc" => &alloc_procs,
@@ -117,7 +137,7 @@ fn drive(args: &Args) {
                         ]);
                     }
                 }
-                for l in args.list::<usize>("wn-lists", &[16, 1024]) {
+                for &l in &wn_lists {
                     v.push(vec![
                         ("MENPS_DSM_WRITER", "floating".to_string()),
                         ("MENPS_DSM_INVALIDATION", "hybrid".to_string()),
@@ -151,7 +171,8 @@ fn drive(args: &Args) {
                 for (k, v) in &vars {
                     cmd.env(k, v);
                 }
-                let st = cmd.status().expect("start a benchmark job");
+                // The job's lines go to our stdout and into our summary.
+                let st = ct_bench::run_forwarding(&mut cmd).expect("start a benchmark job");
                 if !st.success() {
                     eprintln!("dsm bench: {part} with {p} processes {vars:?} failed: {st}");
                     failed = true;
@@ -159,6 +180,7 @@ fn drive(args: &Args) {
             }
         }
     }
+    ct_bench::print_summary();
     if failed {
         std::process::exit(1);
     }

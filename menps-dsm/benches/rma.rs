@@ -158,6 +158,7 @@ fn main() {
     let runs: usize = args.get("runs", 7);
     let pingpongs: usize = args.get("pingpongs", 20_000);
     let barriers: usize = args.get("barriers", 20_000);
+    args.finish("rma");
 
     let com: Com = menps_dsm::launch::init_or_relaunch(2).unwrap_or_else(|e| {
         eprintln!("rma: {e}");
@@ -409,6 +410,7 @@ fn main() {
     b.emit("barrier", "shm", "barrier", 0, "ns", &s);
     com.barrier().unwrap();
     if me == 0 {
+        ct_bench::print_summary();
         for line in summary {
             eprintln!("rma: {line}");
         }
@@ -493,6 +495,7 @@ user-level thread worker per process. Iterations are 1/20 of shm's.";
         let runs: usize = args.get("runs", 7);
         let pingpongs: usize = args.get("pingpongs", 20_000) / 4;
         let barriers: usize = args.get("barriers", 20_000) / 4;
+        args.finish("rma (mpi)");
         let com: Com = menps_dsm::launch::init().unwrap_or_else(|e| {
             eprintln!("rma (mpi): {e}");
             std::process::exit(2)
@@ -506,6 +509,8 @@ user-level thread worker per process. Iterations are 1/20 of shm's.";
         }
         let rt = ct_worker::Runtime::builder().workers(1).build().unwrap();
         rt.block_on(|| body(&com, &sizes, batch.max(1), runs, pingpongs, barriers));
+        // Rank 0 emitted every line; the others print nothing.
+        ct_bench::print_summary();
     }
 
     fn body(

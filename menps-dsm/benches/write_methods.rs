@@ -597,6 +597,7 @@ fn main() {
     let run_len: usize = args.get("run-len", 64);
     let runs: usize = args.get("runs", 7);
     let run_time = Duration::from_millis(args.get("run-ms", 20));
+    args.finish("write_methods");
     if !(1..=1 << 16).contains(&block) || run_len == 0 || runs == 0 {
         eprintln!("write-methods: --block must be 1..=65536, --run-len and --runs >= 1");
         std::process::exit(2);
@@ -650,7 +651,12 @@ fn main() {
                     (w.seen_runs, w.seen_twin_based, w.seen_packed, w.seen_packs) = (0, 0, 0, 0);
                     let mut samples: Vec<Vec<f64>> = methods.iter().map(|_| Vec::new()).collect();
                     // Methods interleaved run by run; run 0 is the warm-up.
+                    let mut steal = ct_bench::StealMeter::start();
                     for run in 0..=runs {
+                        if run == 1 {
+                            // Host steal over the measured runs.
+                            steal = ct_bench::StealMeter::start();
+                        }
                         for (i, &m) in methods.iter().enumerate() {
                             let v = w.run(m, &mods, run_time);
                             if run > 0 {
@@ -658,8 +664,9 @@ fn main() {
                             }
                         }
                     }
+                    let steal = steal.pct();
                     for (i, &m) in methods.iter().enumerate() {
-                        let s = Stats::from_samples(&samples[i]);
+                        let s = Stats::from_samples(&samples[i]).with_host_steal(steal);
                         emit("menps-dsm", "write-methods", m.name(), &params, "ns", &s);
                     }
                     eprintln!(
@@ -676,4 +683,6 @@ fn main() {
         _ => {}
     }
     com.barrier().unwrap();
+    // Rank 0 emitted every line; the others print nothing.
+    ct_bench::print_summary();
 }

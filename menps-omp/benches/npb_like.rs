@@ -58,6 +58,7 @@ fn main() {
         &["1x2".to_string(), "2x1".to_string(), "4x1".to_string()],
     );
     let rounds: usize = args.get("rounds", 5).max(1);
+    args.finish("npb_like");
     let configs: Vec<(usize, usize)> = configs
         .iter()
         .map(|c| {
@@ -70,6 +71,26 @@ fn main() {
                 })
         })
         .collect();
+    // Every name is checked before anything runs.
+    if let Some(name) = names
+        .iter()
+        .find(|n| !kernels::KERNELS.contains(&n.as_str()))
+    {
+        eprintln!(
+            "npb_like: unknown kernel {name:?} ({})",
+            kernels::KERNELS.join(", ")
+        );
+        std::process::exit(2);
+    }
+    let classes: Vec<Class> = classes
+        .iter()
+        .map(|c| {
+            Class::parse(c).unwrap_or_else(|e| {
+                eprintln!("npb_like: {e}");
+                std::process::exit(2)
+            })
+        })
+        .collect();
     let cpu = cpu_model();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
@@ -77,20 +98,10 @@ fn main() {
         .expect("rayon pool");
     let mut failed = false;
     for name in &names {
-        if !kernels::KERNELS.contains(&name.as_str()) {
-            eprintln!(
-                "npb_like: unknown kernel {name:?} ({})",
-                kernels::KERNELS.join(", ")
-            );
-            std::process::exit(2);
-        }
-        for class in &classes {
-            let class = Class::parse(class).unwrap_or_else(|e| {
-                eprintln!("npb_like: {e}");
-                std::process::exit(2)
-            });
+        for &class in &classes {
             // times[c][round]; the last entry is rayon.
             let mut times = vec![Vec::new(); configs.len() + 1];
+            let steal = ct_bench::StealMeter::start();
             for round in 0..rounds {
                 for (k, &(p, t)) in configs.iter().enumerate() {
                     eprintln!("npb_like: {name} {class} {p}x{t} round {round}");
@@ -118,6 +129,7 @@ fn main() {
                 });
                 times[configs.len()].push(secs);
             }
+            let steal = steal.pct();
             let base = configs.iter().position(|&c| c == (1, 2));
             for (k, ts) in times.iter().enumerate() {
                 if ts.is_empty() {
@@ -146,7 +158,7 @@ fn main() {
                     implementation,
                     &params(None),
                     "s",
-                    &Stats::from_samples(ts),
+                    &Stats::from_samples(ts).with_host_steal(steal),
                 );
                 if let Some(b) = base.filter(|&b| b != k) {
                     let ratios: Vec<f64> = times[b]
@@ -161,13 +173,14 @@ fn main() {
                             implementation,
                             &params(Some("1x2")),
                             "x-vs-1x2",
-                            &Stats::from_samples(&ratios),
+                            &Stats::from_samples(&ratios).with_host_steal(steal),
                         );
                     }
                 }
             }
         }
     }
+    ct_bench::print_summary();
     if failed {
         eprintln!("npb_like: a run failed its verification");
         std::process::exit(1);
