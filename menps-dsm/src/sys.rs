@@ -403,3 +403,17 @@ pub(crate) fn signal_name(sig: i32) -> &'static str {
         _ => "signal",
     }
 }
+
+/// Nanoseconds of `CLOCK_MONOTONIC`: one clock for every process of the
+/// machine.
+pub(crate) fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}

@@ -70,6 +70,7 @@ fn run_scenario<C: Communicator>(name: &str, com: &C) {
         "barrier_mismatch" => scenario_barrier_mismatch(com),
         "stopped_peer" => scenario_stopped_peer(com),
         "launcher_stopped" => scenario_launcher_stopped(com),
+        "launcher_stopped_timeout" => scenario_launcher_stopped_timeout(com),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -107,6 +108,23 @@ fn scenario_launcher_stopped<C: Communicator>(com: &C) {
         unsafe { libc::kill(launcher, libc::SIGCONT) };
     }
     std::process::exit(1);
+}
+
+/// The last rank stops the launcher; then every rank waits for a message
+/// that never comes. The job's time limit must end every rank anyway.
+fn scenario_launcher_stopped_timeout<C: Communicator>(com: &C) {
+    let (me, n) = (com.rank(), com.size());
+    let launcher: i32 = std::env::var("MENPS_LAUNCHER_PID")
+        .unwrap()
+        .parse()
+        .unwrap();
+    com.barrier().unwrap();
+    if me == n - 1 {
+        // SAFETY: kill(2) to the launcher.
+        unsafe { libc::kill(launcher, libc::SIGSTOP) };
+    }
+    let r = com.recv(Source::Rank((me + 1) % n), 99);
+    panic!("rank {me}: a message that nobody sent: {r:?}");
 }
 
 /// Rank 1 stops itself (`SIGSTOP`) before a barrier; the last rank
@@ -286,6 +304,41 @@ fn ranks_detect_a_dead_peer_while_the_launcher_is_stopped() {
             .unwrap_or_else(|| panic!("{line}"));
         assert!(ms < 3000, "rank {r} took {ms} ms: {}", run.dump());
     }
+}
+
+#[test]
+fn the_time_limit_holds_while_the_launcher_is_stopped() {
+    let mut first: Option<Instant> = None;
+    let run = job_with(
+        "launcher_stopped_timeout",
+        2,
+        &[("MENPS_TIMEOUT_SECS", "2")],
+        // The launcher is stopped: continue it after 4 s, once the ranks
+        // should have ended themselves.
+        |pid, _| {
+            let t = *first.get_or_insert_with(Instant::now);
+            if t.elapsed() < Duration::from_secs(4) {
+                return false;
+            }
+            // SAFETY: kill(2) to the job's launcher, which we started.
+            unsafe { libc::kill(pid as i32, libc::SIGCONT) };
+            true
+        },
+    );
+    assert_eq!(run.code(), Some(124), "{}", run.dump());
+    for r in 0..2 {
+        let want = format!("menps: rank {r}: the job exceeded its time limit");
+        assert!(
+            run.stderr.contains(&want),
+            "missing {want:?}: {}",
+            run.dump()
+        );
+    }
+    assert!(
+        !run.stderr.contains("a message that nobody sent"),
+        "{}",
+        run.dump()
+    );
 }
 
 #[test]

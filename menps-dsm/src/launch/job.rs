@@ -61,6 +61,11 @@ pub fn run_job(config: &JobConfig, program: &Program) -> Result<i32> {
         return run_mpi_job(config, program);
     }
     let n = config.nprocs;
+    // The time limit as an instant of the system-wide monotonic clock, so
+    // that every process enforces it itself (the launcher may be stopped).
+    let deadline = config
+        .timeout
+        .map(|t| sys::monotonic_ns().saturating_add(t.as_nanos() as u64));
     let (control, control_fd) = Control::create(n, config.ring_bytes, config.coll_chunk_bytes)?;
 
     // Descriptor-passing sockets: rank 0 <-> rank k.
@@ -104,6 +109,9 @@ pub fn run_job(config: &JobConfig, program: &Program) -> Result<i32> {
             .env(env::CONTROL_FD, control_fd.as_raw_fd().to_string())
             .env(env::PEER_FDS, peer_fds)
             .env(env::LAUNCHER_PID, launcher_pid.to_string());
+        if let Some(d) = deadline {
+            cmd.env(env::JOB_DEADLINE_NS, d.to_string());
+        }
         if rank != 0 {
             cmd.stdin(Stdio::null());
         }

@@ -137,6 +137,10 @@ pub mod env {
     pub const MPIRUN: &str = "MENPS_MPIRUN";
     /// Seconds a process waits for a peer before it says so (0: never).
     pub const WATCHDOG_SECS: &str = "MENPS_WATCHDOG_SECS";
+    /// The job's time limit, as nanoseconds of `CLOCK_MONOTONIC` (set by the
+    /// launcher when `MENPS_TIMEOUT_SECS` is): every process ends itself
+    /// with status 124 then, even if the launcher cannot act.
+    pub const JOB_DEADLINE_NS: &str = "MENPS_JOB_DEADLINE_NS";
     /// Variables whose presence means "started by an MPI launcher".
     pub const MPIRUN_MARKERS: [&str; 3] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"];
 }
@@ -605,7 +609,40 @@ fn join_shm<U: UltItf>() -> Result<ShmCom<U>> {
     }
     let com = ShmCom::from_parts(rank, size, control, peers);
     restore_aslr_for_children();
+    if let Some(deadline) = parse_env::<u64>(env::JOB_DEADLINE_NS)? {
+        enforce_deadline(rank, deadline);
+    }
     Ok(com)
+}
+
+/// Ends this process with status 124 at `deadline` (`CLOCK_MONOTONIC`
+/// nanoseconds), the job's time limit, whatever it is doing then: the
+/// launcher enforces the limit too, but it may be stopped or starved.
+fn enforce_deadline(rank: usize, deadline: u64) {
+    let spawned = std::thread::Builder::new()
+        .name("menps-deadline".into())
+        .spawn(move || {
+            loop {
+                let now = sys::monotonic_ns();
+                if now >= deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_nanos(deadline - now));
+            }
+            let msg = format!(
+                "menps: rank {rank}: the job exceeded its time limit ({}); ending this process\n",
+                env::TIMEOUT_SECS
+            );
+            // SAFETY: write(2) of a valid buffer, then _exit: nothing waits
+            // for a job that is over.
+            unsafe {
+                libc::write(2, msg.as_ptr().cast(), msg.len());
+                libc::_exit(124)
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("menps: rank {rank}: cannot watch the job's time limit: {e}");
+    }
 }
 
 /// A rank runs without address-space randomisation (every rank needs the
