@@ -87,6 +87,7 @@
 //! | `MENPS_CONTROL_FD` | inherited descriptor of the control memory |
 //! | `MENPS_PEER_FDS` | inherited socket descriptors for passing window descriptors (`rank:fd` list) |
 //! | `MENPS_LAUNCHER_PID` | pid of the launcher |
+//! | `MENPS_JOB_DEADLINE_NS` | the job's time limit (`MENPS_TIMEOUT_SECS`) as `CLOCK_MONOTONIC` nanoseconds: every process ends itself with status 124 then, even when the launcher cannot act |
 //!
 //! Builder values are defaults; the `MENPS_*` variables override them, so a
 //! user can change any program's job from the shell.
