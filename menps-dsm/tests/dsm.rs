@@ -205,6 +205,11 @@ fn mismatched_collectives_fail_on_every_rank() {
                 "rank {r} did not see the mismatch: {}",
                 run.dump()
             );
+            assert!(
+                run.stdout.contains(&format!("rank {r}: next: ")),
+                "rank {r}'s DSM went on after the mismatch: {}",
+                run.dump()
+            );
         }
     }
 }

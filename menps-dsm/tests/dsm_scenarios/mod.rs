@@ -25,6 +25,11 @@ fn mismatch(dsm: &D) -> ! {
         Ok(()) => println!("rank {me}: the mismatched collective passed"),
         Err(e) => println!("rank {me}: mismatch: {e}"),
     }
+    // Fail-stop: the DSM's next operation reports the failure too.
+    match dsm.barrier() {
+        Ok(()) => println!("rank {me}: the next barrier passed"),
+        Err(e) => println!("rank {me}: next: {e}"),
+    }
     std::process::exit(5);
 }
 

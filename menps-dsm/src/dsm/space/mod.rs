@@ -307,7 +307,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             Err(_) => [0, 0],
         };
         let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let all = self.com.allgather(&bytes)?;
+        // A failed agreement (another process called another collective) is
+        // the DSM's failure, as it is for the barrier it met: fail-stop.
+        let all = self.guard(self.com.allgather(&bytes).map_err(DsmError::from))?;
         let region = placed?;
         for (rank, c) in all.chunks_exact(16).enumerate() {
             if c[..8] != 1u64.to_le_bytes() {
