@@ -145,8 +145,15 @@ fn scenario_stopped_peer<C: Communicator>(com: &C) {
         // SAFETY: raise(3) stops this process until SIGCONT.
         unsafe { libc::raise(libc::SIGSTOP) };
     }
-    com.barrier().unwrap();
-    println!("rank {me}: stopped peer ok");
+    match com.barrier() {
+        Ok(()) => println!("rank {me}: stopped peer ok"),
+        // MENPS_WATCHDOG_FAIL=1.
+        Err(Error::Stalled(msg)) => {
+            println!("rank {me}: stalled: {msg}");
+            std::process::exit(7);
+        }
+        Err(e) => panic!("rank {me}: {e}"),
+    }
 }
 
 /// Rank 0 calls an allgather while the others call a barrier: every rank
@@ -360,6 +367,27 @@ fn the_watchdog_names_a_stopped_peer() {
     }
     assert!(
         run.stderr.contains("rank 1 (pid ") && run.stderr.contains(") is stopped"),
+        "{}",
+        run.dump()
+    );
+}
+
+#[test]
+fn the_watchdog_can_give_up() {
+    let run = job_with(
+        "stopped_peer",
+        3,
+        &[("MENPS_WATCHDOG_SECS", "1"), ("MENPS_WATCHDOG_FAIL", "1")],
+        |_, _| true,
+    );
+    assert!(!run.status.success(), "{}", run.dump());
+    assert!(run.stderr.contains("giving up"), "{}", run.dump());
+    assert!(
+        run.stdout
+            .contains("rank 0: stalled: rank 0 has waited 1 s")
+            || run
+                .stdout
+                .contains("rank 2: stalled: rank 2 has waited 1 s"),
         "{}",
         run.dump()
     );

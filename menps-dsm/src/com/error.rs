@@ -108,6 +108,11 @@ pub enum Error {
     /// missing and what to do.
     #[error("backend unavailable: {0}")]
     BackendUnavailable(String),
+    /// A wait for peers lasted longer than the watchdog period
+    /// (`MENPS_WATCHDOG_SECS`) and the watchdog is set to fail
+    /// (`MENPS_WATCHDOG_FAIL=1`): what was awaited, and stopped peers.
+    #[error("stalled: {0}")]
+    Stalled(String),
     /// The network or the communication library reported a failure (an MPI
     /// error code, a verbs completion with an error status, …).
     #[error("transport error: {0}")]

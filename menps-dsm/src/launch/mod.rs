@@ -65,6 +65,7 @@
 //! | `MENPS_GRACE_MS` | time the other processes get to exit after one failed, before they are killed | `2000` |
 //! | `MENPS_TIMEOUT_SECS` | kill the whole job after this many seconds (exit status 124) | none |
 //! | `MENPS_WATCHDOG_SECS` | a process waiting this long for a peer says which operation and which peers (naming stopped ones); `0`: never | `30` |
+//! | `MENPS_WATCHDOG_FAIL` | `1`: such a wait fails with `Error::Stalled` instead of going on | `0` |
 //! | `MENPS_RING_BYTES` | p2p ring per ordered pair of processes (power of two ≥ 128 KiB) | `131072` |
 //! | `MENPS_COLL_CHUNK_BYTES` | collective scratch per process and step | `65536` |
 //! | `MENPS_MPIRUN` | `mpirun` command of `--backend mpi` | `mpirun` |
@@ -138,6 +139,9 @@ pub mod env {
     pub const MPIRUN: &str = "MENPS_MPIRUN";
     /// Seconds a process waits for a peer before it says so (0: never).
     pub const WATCHDOG_SECS: &str = "MENPS_WATCHDOG_SECS";
+    /// `1`: a wait the watchdog reports fails (`Error::Stalled`) instead of
+    /// going on.
+    pub const WATCHDOG_FAIL: &str = "MENPS_WATCHDOG_FAIL";
     /// The job's time limit, as nanoseconds of `CLOCK_MONOTONIC` (set by the
     /// launcher when `MENPS_TIMEOUT_SECS` is): every process ends itself
     /// with status 124 then, even if the launcher cannot act.
@@ -266,6 +270,19 @@ pub(crate) fn watchdog_period() -> Option<Duration> {
         Err(e) => {
             eprintln!("menps: {e}; using {} s", WATCHDOG_DEFAULT.as_secs());
             Some(WATCHDOG_DEFAULT)
+        }
+    })
+}
+
+/// Whether a wait the watchdog reports fails ([`env::WATCHDOG_FAIL`]);
+/// read once per process, a bad value reported once and ignored.
+pub(crate) fn watchdog_fails() -> bool {
+    static FAIL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FAIL.get_or_init(|| match parse_bool_env(env::WATCHDOG_FAIL) {
+        Ok(v) => v.unwrap_or(false),
+        Err(e) => {
+            eprintln!("menps: {e}; the watchdog only reports");
+            false
         }
     })
 }

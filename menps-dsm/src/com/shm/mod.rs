@@ -236,8 +236,11 @@ impl<U: UltItf> ShmCom<U> {
                     && let Some(period) = crate::launch::watchdog_period()
                     && since.elapsed() >= period
                 {
-                    self.report_long_wait(watch, what, period);
+                    let msg = self.report_long_wait(watch, what, period);
                     reported = true;
+                    if crate::launch::watchdog_fails() {
+                        return Err(Error::Stalled(msg));
+                    }
                 }
                 // Peers are watched here too, not only by the launcher (which
                 // may be stopped or descheduled): every 64 sleeps, about
@@ -299,7 +302,12 @@ impl<U: UltItf> ShmCom<U> {
     /// from the peers of `watch`; peers that are stopped (`SIGSTOP`, a
     /// debugger) are named, since they are the usual reason.
     #[cold]
-    fn report_long_wait(&self, watch: Watch, what: &dyn Fn() -> String, period: Duration) {
+    fn report_long_wait(
+        &self,
+        watch: Watch,
+        what: &dyn Fn() -> String,
+        period: Duration,
+    ) -> String {
         let peers: Vec<usize> = match watch {
             Watch::Rank(r) => vec![r],
             Watch::AllOthers | Watch::AnyOther => {
@@ -322,7 +330,7 @@ impl<U: UltItf> ShmCom<U> {
             Watch::AnyOther => "any other rank".to_string(),
         };
         let mut msg = format!(
-            "menps: rank {} has waited {:.0} s for {whom} ({}); still waiting",
+            "rank {} has waited {:.0} s for {whom} ({})",
             self.rank,
             period.as_secs_f64(),
             what()
@@ -331,10 +339,16 @@ impl<U: UltItf> ShmCom<U> {
             msg.push_str(": ");
             msg.push_str(&stopped.join(", "));
         }
-        msg.push('\n');
+        let going_on = if crate::launch::watchdog_fails() {
+            "giving up"
+        } else {
+            "still waiting"
+        };
         // One write, so that other processes' output cannot split the line.
+        let line = format!("menps: {msg}; {going_on}\n");
         use std::io::Write;
-        let _ = std::io::stderr().write_all(msg.as_bytes());
+        let _ = std::io::stderr().write_all(line.as_bytes());
+        msg
     }
 
     #[inline]
