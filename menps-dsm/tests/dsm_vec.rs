@@ -379,21 +379,7 @@ fn race(dsm: &D) {
         s[0] = me as u64 + 1;
     }
     dsm.com().barrier().unwrap();
-    match dsm.barrier() {
-        Err(DsmError::DataRace(r)) => {
-            println!("rank {me}: detected: {r}");
-            std::process::exit(42);
-        }
-        Err(e) => {
-            println!("rank {me}: other error: {e}");
-            std::process::exit(43);
-        }
-        Ok(()) => {}
-    }
-    dsm.barrier().unwrap_or_else(|e| {
-        println!("rank {me}: later error: {e}");
-        std::process::exit(44);
-    });
+    barrier_reporting_race(dsm);
 }
 
 // ---------------------------------------------------------------------------

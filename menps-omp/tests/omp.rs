@@ -559,13 +559,17 @@ fn omp_job(scenario: &str, procs: usize, env: &[(&str, &str)]) -> JobRun {
     drive(cmd, &tag, |_, _| false)
 }
 
-fn constructs_on(procs: usize, threads: usize) {
-    let team = (procs * threads).to_string();
-    let run = omp_job(
-        "constructs",
-        procs,
-        &[("OMP_NUM_THREADS", &team), ("OMP_STACKSIZE", "1M")],
-    );
+/// The environment of the constructs scenario on `procs` × `threads`.
+fn constructs_env(procs: usize, threads: usize) -> [(&'static str, String); 2] {
+    [
+        ("OMP_NUM_THREADS", (procs * threads).to_string()),
+        ("OMP_STACKSIZE", "1M".to_string()),
+    ]
+}
+
+/// The constructs scenario passed on `procs` × `threads`.
+fn assert_constructs_passed(run: &JobRun, procs: usize, threads: usize) {
+    let team = procs * threads;
     assert!(run.status.success(), "{procs}×{threads}: {}", run.dump());
     assert!(
         run.stdout
@@ -573,6 +577,13 @@ fn constructs_on(procs: usize, threads: usize) {
         "{}",
         run.dump()
     );
+}
+
+fn constructs_on(procs: usize, threads: usize) {
+    let env = constructs_env(procs, threads);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let run = omp_job("constructs", procs, &env);
+    assert_constructs_passed(&run, procs, threads);
 }
 
 #[test]
@@ -693,19 +704,10 @@ fn bad_settings_are_errors_that_name_the_variable() {
 #[test]
 fn constructs_under_mpirun() {
     for (procs, threads) in [(2, 1), (2, 2)] {
-        let team = (procs * threads).to_string();
-        let run = mpirun_job(
-            "constructs",
-            procs,
-            &[("OMP_NUM_THREADS", &team), ("OMP_STACKSIZE", "1M")],
-        );
-        assert!(run.status.success(), "{procs}×{threads}: {}", run.dump());
-        assert!(
-            run.stdout
-                .contains(&format!("rank 0: ok team {team} over {procs} processes")),
-            "{}",
-            run.dump()
-        );
+        let env = constructs_env(procs, threads);
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let run = mpirun_job("constructs", procs, &env);
+        assert_constructs_passed(&run, procs, threads);
     }
 }
 

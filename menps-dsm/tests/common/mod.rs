@@ -38,6 +38,28 @@ pub fn start_dsm_job() -> JobDsm {
     })
 }
 
+/// The end of a race scenario: the DSM barrier that merges the racing
+/// writes must report the race (the process exits 42 then, 43 on another
+/// error, 44 if an error comes only later; it returns if nothing failed).
+pub fn barrier_reporting_race(dsm: &JobDsm) {
+    let me = dsm.rank();
+    match dsm.barrier() {
+        Err(menps_dsm::dsm::DsmError::DataRace(r)) => {
+            println!("rank {me}: detected: {r}");
+            std::process::exit(42);
+        }
+        Err(e) => {
+            println!("rank {me}: other error: {e}");
+            std::process::exit(43);
+        }
+        Ok(()) => {}
+    }
+    dsm.barrier().unwrap_or_else(|e| {
+        println!("rank {me}: later error: {e}");
+        std::process::exit(44);
+    });
+}
+
 /// The DSM policy combinations every DSM suite runs its scenarios under:
 /// writer, invalidation, and fast release / fast read (both on or off).
 pub const DSM_POLICIES: [(&str, &str, &str); 7] = [

@@ -6,7 +6,7 @@
 
 use ct_worker::OsThreads;
 use menps_dsm::com::AnyCom;
-use menps_dsm::dsm::{Dsm, DsmError};
+use menps_dsm::dsm::Dsm;
 
 use super::common::SCENARIO;
 
@@ -509,19 +509,5 @@ fn race(dsm: &D) {
         unsafe { seg.add(RACE_OFFSET).write(me as u8 + 1) };
     }
     menps_dsm::com::Coll::barrier(dsm.com()).unwrap();
-    match dsm.barrier() {
-        Err(DsmError::DataRace(r)) => {
-            println!("rank {me}: detected: {r}");
-            std::process::exit(42);
-        }
-        Err(e) => {
-            println!("rank {me}: other error: {e}");
-            std::process::exit(43);
-        }
-        Ok(()) => {}
-    }
-    dsm.barrier().unwrap_or_else(|e| {
-        println!("rank {me}: later error: {e}");
-        std::process::exit(44);
-    });
+    super::common::barrier_reporting_race(dsm);
 }
