@@ -85,9 +85,9 @@ impl<'scope> TaskScope<'scope> {
                 scope.run_task(f);
             }
         };
-        // The thread's descriptor and the job's box are the scheduler's
-        // memory, never DSM memory: the scheduler writes descriptors on
-        // every switch (a fault there could not be resolved).
+        // The job's boxes are the scheduler's memory: keep them out of the
+        // DSM heap (ct-worker takes its descriptors from the system
+        // allocator itself), where they would cost faults and releases.
         let rt_guard = RuntimeGuard::enter();
         let job: Box<dyn FnOnce() + Send + 'scope> = Box::new(job);
         // SAFETY: the closure (and what it borrows, 'scope) outlives the
