@@ -258,10 +258,29 @@ fn supervise(config: &JobConfig, control: &Control, mut procs: Vec<Proc>) -> i32
                 i += 1;
                 continue;
             };
-            let p = procs.swap_remove(i);
+            let mut p = procs.swap_remove(i);
+            let mut status = status;
             let ok = status.success();
             control.mark_ended(p.rank, ok);
             if !ok && first_failure.is_none() && !killed {
+                // The processes watch each other too: the first death may
+                // be another's, recorded by its peers before we reaped it
+                // (and this one failed because of it). The job's status is
+                // that first one's.
+                if let Some(k) = control
+                    .failed_rank()
+                    .filter(|&r| r != p.rank)
+                    .and_then(|r| procs.iter().position(|q| q.rank == r))
+                {
+                    let mut first = procs.swap_remove(k);
+                    if let Ok(st) = first.child.wait() {
+                        procs.push(p);
+                        status = st;
+                        p = first;
+                    } else {
+                        procs.push(first);
+                    }
+                }
                 first_failure = Some(exit_code(status));
                 failed_at = Some(Instant::now());
                 eprintln!(
