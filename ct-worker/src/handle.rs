@@ -15,7 +15,7 @@ use crate::os_waiter::OsWaiter;
 use crate::pool::GLOBAL;
 use crate::runtime::Shared;
 use crate::stack::StackSource;
-use crate::task::{StackOf, TaskDesc, TaskRef};
+use crate::task::{StackOf, StartFn, TaskDesc, TaskRef};
 use crate::worker::Worker;
 
 /// An owned permission to join a user-level thread, like
@@ -486,4 +486,173 @@ pub fn yield_now_in<C: Config>() {
         Some(w) => unsafe { w.yield_running() },
         None => thread::yield_now(),
     }
+}
+
+/// A task waiting in a worker's deque as a *job* ([`defer_in`]): an idle
+/// worker may steal it and start it as a user-level thread of its own; if
+/// nobody has when it is joined, the joiner runs it itself, on its own
+/// stack, and no thread is ever created. Help-first tasks for runtimes
+/// whose tasks outlive the call that creates them (OpenMP's `task`), where
+/// [`join`] needs both closures in one call.
+///
+/// Joining (or dropping, which joins) cheaply runs the job inline only when
+/// it is still on top of the joiner's deque: join jobs in the reverse order
+/// of their creation, from the thread that deferred them.
+#[must_use = "a deferred job runs at the latest when it is joined"]
+pub struct Deferred<C: Config = DefaultConfig> {
+    desc: NonNull<TaskDesc<C>>,
+    /// Runs the closure at `data` inline (and frees its box, if any).
+    run_inline: unsafe fn(*const ()) -> thread::Result<()>,
+    data: *const (),
+}
+
+// SAFETY: the job's closure is `Send`; the descriptor is the runtime's.
+unsafe impl<C: Config> Send for Deferred<C> {}
+
+/// Defers `f` as a job of the calling worker ([`Deferred`]); `None` outside
+/// a user-level thread of a `C` runtime (run `f` yourself then).
+///
+/// The closure lives in the job's descriptor when it fits (48 bytes),
+/// otherwise in a box of the global allocator.
+pub fn defer_in<C: Config, F>(f: F) -> Option<Deferred<C>>
+where
+    F: FnOnce() + Send + 'static,
+{
+    let w = Worker::<C>::current().filter(|w| w.running().is_some())?;
+    let desc = w.alloc_desc();
+    let d = TaskRef::<C>::new(desc);
+    let inline = size_of::<F>() <= crate::task::PACKET_BYTES && align_of::<F>() <= 16;
+    let (data, start, run_inline): (*const (), StartFn<C>, unsafe fn(*const ()) -> thread::Result<()>) =
+        if inline {
+            let p = d.desc().packet_ptr().cast::<F>();
+            // SAFETY: the packet of a fresh descriptor holds an `F` (checked
+            // by `inline_packet`); it is moved out by whoever runs the job.
+            unsafe { p.write(f) };
+            (
+                p.cast::<()>(),
+                start_deferred::<C, F, false>,
+                run_deferred::<F, false>,
+            )
+        } else {
+            let b = Box::into_raw(Box::new(f));
+            (
+                b.cast::<()>().cast_const(),
+                start_deferred::<C, F, true>,
+                run_deferred::<F, true>,
+            )
+        };
+    d.desc().start.set(Some((start, data)));
+    w.push(d);
+    w.shared.aspect.fork(w.index);
+    Some(Deferred {
+        desc,
+        run_inline,
+        data,
+    })
+}
+
+
+impl<C: Config> Deferred<C> {
+    /// Waits for the job, running it here if nobody took it; returns its
+    /// panic's payload if it panicked.
+    pub fn try_join(self) -> thread::Result<()> {
+        let this = core::mem::ManuallyDrop::new(self);
+        // SAFETY: consumed once.
+        unsafe { this.join_inner() }
+    }
+
+    /// Waits for the job (running it here if nobody took it); re-raises its
+    /// panic.
+    pub fn join(self) {
+        if let Err(p) = self.try_join() {
+            panic::resume_unwind(p)
+        }
+    }
+
+    /// # Safety
+    ///
+    /// Called once.
+    unsafe fn join_inner(&self) -> thread::Result<()> {
+        let job = TaskRef::<C>::new(self.desc);
+        let mut inline = false;
+        if let Some(now) = Worker::<C>::current().filter(|w| w.running().is_some()) {
+            match now.pop_own() {
+                Some(t) if t == job => inline = true,
+                Some(other) => now.push_back_own(other),
+                None => {}
+            }
+        }
+        let r = if inline {
+            job.desc().start.set(None);
+            // SAFETY: we took the job off the deque: the closure is ours.
+            unsafe { (self.run_inline)(self.data) }
+        } else {
+            // SAFETY: we are the only joiner; whoever took the job runs it.
+            unsafe { wait_and_take::<C, ()>(job) }
+        };
+        // SAFETY: the job is done (or was never started) and joined.
+        unsafe { free_desc(self.desc) };
+        r
+    }
+}
+
+impl<C: Config> Drop for Deferred<C> {
+    fn drop(&mut self) {
+        // SAFETY: dropping consumes the handle.
+        let _ = unsafe { self.join_inner() };
+    }
+}
+
+/// Runs a deferred closure inline.
+///
+/// # Safety
+///
+/// `data` holds an `F` (boxed if `BOXED`) that nobody else runs.
+unsafe fn run_deferred<F: FnOnce(), const BOXED: bool>(data: *const ()) -> thread::Result<()> {
+    // SAFETY: the contract.
+    let f = unsafe {
+        if BOXED {
+            *Box::from_raw(data.cast::<F>().cast_mut())
+        } else {
+            core::ptr::read(data.cast::<F>())
+        }
+    };
+    panic::catch_unwind(AssertUnwindSafe(f))
+}
+
+/// Starts a stolen deferred job as thread `t` on worker `w`.
+///
+/// # Safety
+///
+/// The caller took `t` from a deque (so nobody else runs the job); `data`
+/// holds the job's `F` (boxed if `BOXED`).
+unsafe fn start_deferred<C: Config, F, const BOXED: bool>(
+    w: &Worker<C>,
+    t: TaskRef<C>,
+    data: *const (),
+) -> ct_context::Context<C::Policy>
+where
+    F: FnOnce(),
+{
+    let stack = w
+        .alloc_stack()
+        .unwrap_or_else(|e| fatal(&format!("a stolen deferred job cannot get a stack: {e}")));
+    t.desc().stack.set(Some(stack));
+    w.hook_entering(t);
+    let data = data as usize;
+    let entry = move |_| {
+        // SAFETY: per the contract, the closure is ours to move out (before
+        // the thread's result overwrites the packet it may live in).
+        let f = unsafe {
+            if BOXED {
+                *Box::from_raw(data as *mut F)
+            } else {
+                core::ptr::read(data as *const F)
+            }
+        };
+        thread_main::<C, F, ()>(t, f)
+    };
+    // SAFETY: the stack is fresh and lives until the thread exits.
+    unsafe { make_context_with::<C::Policy, _>(<C::Stacks as StackSource>::region(stack), entry) }
+        .unwrap_or_else(|| fatal("a deferred job's first frame does not fit on its stack"))
 }

@@ -123,7 +123,8 @@ pub use deque::{
 };
 pub use error::{Error, Result};
 pub use handle::{
-    JoinHandle, join, join_in, spawn, spawn_in, try_spawn_in, yield_now, yield_now_in,
+    Deferred, JoinHandle, defer_in, join, join_in, spawn, spawn_in, try_spawn_in, yield_now,
+    yield_now_in,
 };
 pub use hook::{LeaveReason, NoHook, SwitchHook, UltThread};
 pub use idle::{IdleHook, IdleMode, defer_until_idle};
@@ -152,7 +153,44 @@ pub fn num_workers() -> usize {
 /// Identity of the running user-level thread (the same value its
 /// [`SwitchHook`] calls see as [`UltThread::id`]), or `None` outside any.
 pub fn current_thread_id() -> Option<usize> {
-    worker::current_thread().map(|(id, _)| id)
+    worker::current_thread().map(|(id, _, _)| id)
+}
+
+/// The word of the running user-level thread that belongs to the program
+/// (a runtime built on ct-worker keeps its per-thread context there, e.g. a
+/// pointer to an OpenMP thread's state): 0 when the thread starts, set
+/// with [`set_current_thread_word`]; `None` outside any user-level thread.
+/// One load, unlike ULT-local storage ([`ult_local!`]), which a thread
+/// creates on first use.
+#[inline]
+pub fn current_thread_word() -> Option<usize> {
+    // SAFETY: as in `current_thread_data`.
+    worker::current_thread().map(|(_, _, w)| unsafe { w.as_ref() }.get())
+}
+
+/// Stores the word of the running user-level thread
+/// ([`current_thread_word`]); returns `false` (and does nothing) outside any.
+#[inline]
+pub fn set_current_thread_word(v: usize) -> bool {
+    match worker::current_thread() {
+        Some((_, _, w)) => {
+            // SAFETY: as in `current_thread_data`.
+            unsafe { w.as_ref() }.set(v);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Replaces the word of the running user-level thread
+/// ([`current_thread_word`]) and returns the old one; `None` (and nothing
+/// stored) outside any user-level thread.
+#[inline]
+pub fn replace_current_thread_word(v: usize) -> Option<usize> {
+    worker::current_thread().map(|(_, _, w)| {
+        // SAFETY: as in `current_thread_data`.
+        unsafe { w.as_ref() }.replace(v)
+    })
 }
 
 /// The hook word of the running user-level thread ([`UltThread::data`]), or
@@ -161,14 +199,14 @@ pub fn current_thread_data() -> Option<usize> {
     // SAFETY: the word lives in the running thread's descriptor, which lives
     // at least as long as the thread runs; only the worker running the thread
     // touches it meanwhile.
-    worker::current_thread().map(|(_, d)| unsafe { d.as_ref() }.get())
+    worker::current_thread().map(|(_, d, _)| unsafe { d.as_ref() }.get())
 }
 
 /// Stores the hook word of the running user-level thread
 /// ([`UltThread::set_data`]); returns `false` (and does nothing) outside any.
 pub fn set_current_thread_data(v: usize) -> bool {
     match worker::current_thread() {
-        Some((_, d)) => {
+        Some((_, d, _)) => {
             // SAFETY: as in `current_thread_data`.
             unsafe { d.as_ref() }.set(v);
             true

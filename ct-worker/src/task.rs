@@ -63,6 +63,9 @@ pub(crate) struct TaskDesc<C: Config> {
     pub(crate) stack: Cell<Option<StackOf<C>>>,
     /// The switch hook's word for this thread (0 when it starts).
     pub(crate) hook_data: Cell<usize>,
+    /// The runtime's word for this thread ([`crate::current_thread_word`];
+    /// 0 when it starts).
+    pub(crate) user_word: Cell<usize>,
     /// ULT-local storage, created on first use.
     pub(crate) locals: UnsafeCell<Option<Box<LocalMap>>>,
     /// Drops a result that was stored but never taken.
@@ -139,6 +142,7 @@ impl<C: Config> TaskDesc<C> {
             join: JoinState::new(),
             stack: Cell::new(None),
             hook_data: Cell::new(0),
+            user_word: Cell::new(0),
             locals: UnsafeCell::new(None),
             drop_packet: Cell::new(None),
             packet: UnsafeCell::new(MaybeUninit::uninit()),
@@ -150,8 +154,14 @@ impl<C: Config> TaskDesc<C> {
         self.runtime_id.set(runtime_id);
         self.join.reset();
         self.hook_data.set(0);
+        self.user_word.set(0);
         debug_assert!(self.stack.get().is_none());
         debug_assert!(self.drop_packet.get().is_none());
+    }
+
+    /// The packet area (for a deferred job's closure before it runs).
+    pub(crate) fn packet_ptr(&self) -> *mut u8 {
+        self.packet.get().cast()
     }
 
     /// Stores the saved context of the (now suspended) thread.

@@ -50,7 +50,8 @@ use crate::task::{CANCELLED, RESUMED, StackOf, TaskDesc, TaskRef};
 pub(crate) type LocalsCell = NonNull<UnsafeCell<Option<Box<LocalMap>>>>;
 
 /// A running thread's identity and hook word.
-pub(crate) type ThreadInfo = (usize, NonNull<Cell<usize>>);
+/// The running thread: its id, its hook word and its user word.
+pub(crate) type ThreadInfo = (usize, NonNull<Cell<usize>>, NonNull<Cell<usize>>);
 
 /// The configuration-independent head of every [`Worker`], which is what the
 /// thread-local pointer refers to.
@@ -163,7 +164,14 @@ unsafe fn thread_of<C: Config>(b: *const WorkerBase) -> Option<ThreadInfo> {
     let w = unsafe { &*(b as *const Worker<C>) };
     w.running
         .get()
-        .map(|t| (t.word(), NonNull::from(&t.desc().hook_data)))
+        .map(|t| {
+            let d = t.desc();
+            (
+                t.word(),
+                NonNull::from(&d.hook_data),
+                NonNull::from(&d.user_word),
+            )
+        })
 }
 
 impl<C: Config> Worker<C> {

@@ -124,6 +124,8 @@
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
 mod error;
+#[cfg(feature = "gomp")]
+pub mod gomp;
 mod loops;
 mod reduce;
 mod region;

@@ -47,10 +47,32 @@ pub struct Builder {
 
 /// Settings after the environment.
 #[derive(Debug, Clone)]
-struct Settings {
-    num_threads: Option<usize>,
-    schedule: Schedule,
-    stack_size: Option<usize>,
+pub(crate) struct Settings {
+    pub num_threads: Option<usize>,
+    pub schedule: Schedule,
+    pub stack_size: Option<usize>,
+}
+
+/// What a kind of program adds to the start-up: the C programs of the
+/// libgomp interface adopt their executable's data and take more stacks.
+#[derive(Clone, Copy)]
+pub(crate) struct StartHooks {
+    /// Call stacks per process at least, besides the team's.
+    pub extra_stacks: usize,
+    /// Whether a team size that is not a multiple of the processes is
+    /// spread unevenly (C programs) instead of refused (Rust programs).
+    pub uneven_teams: bool,
+    /// Runs collectively once the DSM exists, before the team starts.
+    pub after_dsm: Option<fn(&'static ProgramDsm) -> Result<(), Error>>,
+}
+
+impl StartHooks {
+    /// Rust programs of [`run`].
+    pub const RUST: StartHooks = StartHooks {
+        extra_stacks: 0,
+        uneven_teams: false,
+        after_dsm: None,
+    };
 }
 
 impl Builder {
@@ -88,7 +110,7 @@ impl Builder {
         self
     }
 
-    fn settings(&self) -> Result<Settings, Error> {
+    pub(crate) fn settings(&self) -> Result<Settings, Error> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let num_threads = match self.num_threads {
             Some(n) => Some(n),
@@ -187,7 +209,7 @@ impl Builder {
             .nprocs(self.processes.unwrap_or(1))
             .init_or_relaunch()?;
         let rank = com.rank();
-        match run_in_job(com, &settings, main) {
+        match run_in_job(com, &settings, StartHooks::RUST, main) {
             Ok(Some(v)) => Ok(v),
             Err(e) if rank == 0 => Err(e),
             Ok(None) => std::process::exit(0),
@@ -221,11 +243,16 @@ fn parse_omp_stacksize(v: &str) -> Result<usize, Error> {
 }
 
 /// Runs the program in a job already joined.
-fn run_in_job<R: Send>(com: Com, s: &Settings, main: fn() -> R) -> Result<Option<R>, Error> {
+pub(crate) fn run_in_job<R: Send>(
+    com: Com,
+    s: &Settings,
+    hooks: StartHooks,
+    main: impl FnOnce() -> R + Send,
+) -> Result<Option<R>, Error> {
     let nprocs = com.size();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let team_default = match s.num_threads {
-        Some(n) if n % nprocs != 0 => {
+        Some(n) if n % nprocs != 0 && !hooks.uneven_teams => {
             return Err(Error::Config(format!(
                 "a team of {n} threads over {nprocs} processes: the team size \
                  ({NUM_THREADS_VAR} or Builder::num_threads) must be a multiple of the number of \
@@ -235,13 +262,13 @@ fn run_in_job<R: Send>(com: Com, s: &Settings, main: fn() -> R) -> Result<Option
         Some(n) => n,
         None => nprocs * (cpus / nprocs).max(1),
     };
-    let tpp = team_default / nprocs;
+    let tpp = team_default.div_ceil(nprocs);
     let mut cfg = DsmConfig::default();
     if let Some(b) = s.stack_size {
         cfg.stack_size = b;
     }
     // Room for main, the serving thread, the team threads and tasks.
-    cfg.stacks_per_process = cfg.stacks_per_process.max(4 * tpp + 8);
+    cfg.stacks_per_process = cfg.stacks_per_process.max(4 * tpp + 8 + hooks.extra_stacks);
     // OpenMP loops write every page of their arrays between two barriers;
     // a write-notice list shorter than that truncates at every barrier,
     // and a truncated signature invalidates every copy (a 2-D stencil of
@@ -249,7 +276,10 @@ fn run_in_job<R: Send>(com: Com, s: &Settings, main: fn() -> R) -> Result<Option
     cfg.wn_list_len = cfg.wn_list_len.max(OMP_WN_LIST);
     let cfg = cfg.with_env()?;
     let dsm: &'static ProgramDsm = Box::leak(Box::new(Dsm::with_config(com, cfg)?));
-    let r = run_with_dsm(dsm, s, team_default, tpp, main);
+    let r = match hooks.after_dsm.map_or(Ok(()), |f| f(dsm)) {
+        Ok(()) => run_with_dsm(dsm, s, team_default, tpp, main),
+        Err(e) => Err(e),
+    };
     // SAFETY: `dsm` was leaked above; the runtime that borrowed it is gone
     // (`run_with_dsm` dropped it), so this is the only reference.
     let dsm = unsafe { Box::from_raw(dsm as *const ProgramDsm as *mut ProgramDsm) };
@@ -264,7 +294,7 @@ fn run_with_dsm<R: Send>(
     s: &Settings,
     team_default: usize,
     tpp: usize,
-    main: fn() -> R,
+    main: impl FnOnce() -> R + Send,
 ) -> Result<Option<R>, Error> {
     let ring = WsRing::new(dsm)?;
     let team = Team::new(dsm, tpp)?;
@@ -283,7 +313,7 @@ fn run_with_dsm<R: Send>(
     });
     RUNTIME.store(&*rt as *const Runtime as *mut Runtime, Ordering::Release);
     let out = rt.team.run_main(|| {
-        std::panic::catch_unwind(main).map_err(|p| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(main)).map_err(|p| {
             p.downcast_ref::<&str>()
                 .map(|s| s.to_string())
                 .or_else(|| p.downcast_ref::<String>().cloned())

@@ -32,6 +32,12 @@ pub(crate) const NEXT: u64 = 1;
 const DONE: u64 = 2;
 pub(crate) const ORD: u64 = 3;
 
+/// Entries of the table of lock words (the libgomp interface's
+/// `omp_test_lock`): an entry's words are its key + 1 and whether the lock
+/// is held.
+pub(crate) const LOCK_SLOTS: u64 = 4096;
+const LOCK_WORDS: u64 = 2;
+
 /// The counters of a team (one window, homed at process 0).
 #[derive(Debug)]
 pub(crate) struct WsRing {
@@ -42,7 +48,7 @@ impl WsRing {
     /// Collectively creates the counters (all zero: every slot in round 0).
     pub fn new(dsm: &ProgramDsm) -> Result<Self, Error> {
         let _rt = RuntimeGuard::enter();
-        let bytes = (SLOTS * WORDS * 8) as usize;
+        let bytes = ((SLOTS * WORDS + LOCK_SLOTS * LOCK_WORDS) * 8) as usize;
         let win = dsm.com().create_window(bytes)?;
         dsm.com().barrier()?;
         Ok(WsRing { win })
@@ -100,6 +106,29 @@ impl WsRing {
         dsm.com()
             .compare_and_swap(self.word(seq, w), expected, new)
             .unwrap_or_else(|e| fail("work-sharing counter", e))
+    }
+
+    /// Word `w` of entry `slot` of the lock table.
+    pub fn lock_word(&self, slot: u64, w: u64) -> RemotePtr {
+        self.win
+            .at(0, (SLOTS * WORDS + (slot % LOCK_SLOTS) * LOCK_WORDS + w) * 8)
+    }
+
+    /// Compare-and-swap on a word of the lock table; returns the value
+    /// found.
+    pub fn lock_cas(&self, dsm: &ProgramDsm, slot: u64, w: u64, expected: u64, new: u64) -> u64 {
+        let _rt = RuntimeGuard::enter();
+        dsm.com()
+            .compare_and_swap(self.lock_word(slot, w), expected, new)
+            .unwrap_or_else(|e| fail("lock table", e))
+    }
+
+    /// Reads a word of the lock table.
+    pub fn lock_load(&self, dsm: &ProgramDsm, slot: u64, w: u64) -> u64 {
+        let _rt = RuntimeGuard::enter();
+        dsm.com()
+            .atomic_load(self.lock_word(slot, w))
+            .unwrap_or_else(|e| fail("lock table", e))
     }
 
     /// This thread is done with construct `seq` (of a team of `threads`):

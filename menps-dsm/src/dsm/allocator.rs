@@ -108,6 +108,9 @@ const FORCED_MASK: usize = 0xffff << 16;
 
 thread_local! {
     static OS_CONTEXT: Cell<usize> = const { Cell::new(0) };
+    /// Whether this OS thread's cache exists (a thread-local without a
+    /// destructor, so reading it never allocates).
+    static CACHE_READY: Cell<bool> = const { Cell::new(false) };
     static CACHE: CacheCell = const { CacheCell(UnsafeCell::new(Cache::EMPTY)) };
 }
 
@@ -407,6 +410,70 @@ fn report_exhausted(l: Layout) {
     );
     // SAFETY: write(2) of a valid buffer to stderr.
     unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+}
+
+/// `malloc`'s half of the routing, for a runtime that interposes the C
+/// heap (`malloc`, `calloc`, `posix_memalign` …) of a program whose code runs
+/// on DSM stacks: `Some` (the object, or null if the DSM heap is exhausted,
+/// with a message on stderr) when the running code gets DSM memory, exactly
+/// when [`DsmAllocator`] would serve it from the DSM heap; `None` when the
+/// caller must use the system allocator. `align` is a power of two.
+#[inline]
+pub fn c_alloc(size: usize, align: usize, zeroed: bool) -> Option<*mut u8> {
+    if !(is_dsm_context() && process::is_running()) {
+        return None;
+    }
+    // The cache's first use registers its destructor with libc, which
+    // allocates — through the caller's `malloc`, back here: create it as
+    // runtime code, whose allocations go to the system heap.
+    if !CACHE_READY.with(Cell::get) {
+        let _rt = RuntimeGuard::enter();
+        let _ = CACHE.try_with(|_| ());
+        CACHE_READY.with(|r| r.set(true));
+    }
+    let l = Layout::from_size_align(size.max(1), align.max(16)).ok()?;
+    // SAFETY: a valid layout of non-zero size.
+    Some(unsafe {
+        if zeroed {
+            DsmAllocator.alloc_zeroed(l)
+        } else {
+            DsmAllocator.alloc(l)
+        }
+    })
+}
+
+/// `free`'s half of the routing ([`c_alloc`]): frees `p` and returns `true`
+/// if it is a DSM heap object (from any process; ignored once the DSM has
+/// ended), returns `false` (and does nothing) for any other pointer, which
+/// belongs to the system allocator.
+///
+/// # Safety
+///
+/// A DSM pointer must be the start of a live object of the DSM heap, not
+/// used after this call by any process.
+#[inline]
+pub unsafe fn c_free(p: *mut u8) -> bool {
+    if !is_dsm_pointer(p) {
+        return false;
+    }
+    if process::is_running() {
+        match c_usable_size(p) {
+            Some(size) => free_dsm(p, Layout::from_size_align(size, 16).unwrap_or(Layout::new::<u8>())),
+            // Not a live object: the heap's own check reports it.
+            None => free_slow(&[p as usize]),
+        }
+    }
+    true
+}
+
+/// The usable size of the DSM heap object at `p` (`malloc_usable_size`), or
+/// `None` if `p` is not a live DSM heap object (or no DSM runs).
+pub fn c_usable_size(p: *const u8) -> Option<usize> {
+    if !is_dsm_pointer(p) {
+        return None;
+    }
+    let _rt = RuntimeGuard::enter();
+    process::with(|d| d.usable_size(p)).ok().and_then(Result::ok)
 }
 
 /// The global allocator: DSM heap for DSM code, the system allocator

@@ -75,9 +75,9 @@ pub struct TeamThread<'a> {
 }
 
 impl TeamThread<'_> {
-    /// This thread's number in the team, `0 .. num_threads()`: process
-    /// `rank` has threads `rank · threads_here() ..` (thread 0 runs on
-    /// process 0).
+    /// This thread's number in the team, `0 .. num_threads()`: each
+    /// process runs consecutive numbers, process 0 the first (thread 0 runs
+    /// on process 0).
     pub fn thread_num(&self) -> usize {
         self.thread_num
     }
@@ -92,7 +92,9 @@ impl TeamThread<'_> {
         self.local_num
     }
 
-    /// Team threads per process.
+    /// Team threads of this process (the same in every process unless the
+    /// team was forked with [`Team::fork_team`] and its size is not a
+    /// multiple of the processes).
     pub fn threads_here(&self) -> usize {
         self.threads_here
     }
@@ -171,10 +173,28 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     /// (`MENPS_DSM_STACKS`) can exist at once in a process, `main` included.
     pub fn new(dsm: &'d Dsm<C, U>, workers: usize) -> DsmResult<Self> {
         let stacks = dsm.create_stacks()?;
+        // One process: no other process ever reads a stack, so this
+        // process's stacks are pinned once, and switching threads pins
+        // nothing (every switch would otherwise take a block lock twice).
+        let one = dsm.nprocs() == 1;
+        if one {
+            for i in 0..stacks.slots_per_process() {
+                let at = stacks.slot(dsm.rank(), i).expect("own slot") as usize;
+                dsm.space.pin(at, stacks.slot_size())?;
+            }
+        }
         // SAFETY: the team borrows `dsm` for 'd and owns the runtime, which
         // it stops (drops) before the borrow ends; the stack region and the
-        // space live as long as the `Dsm`.
-        let (source, hook) = unsafe { (DsmStacks::new(stacks), PinHook::new(dsm.space)) };
+        // space live as long as the `Dsm`; with one process every stack was
+        // pinned above, for the DSM's life.
+        let (source, hook) = unsafe {
+            let hook = if one {
+                PinHook::pinned_for_good(dsm.space)
+            } else {
+                PinHook::new(dsm.space)
+            };
+            (DsmStacks::new(stacks), hook)
+        };
         let rt = Runtime::builder()
             .workers(workers)
             .stack_size(stacks.slot_size())
@@ -336,8 +356,31 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         f: TeamFn,
         data: *mut u8,
     ) -> DsmResult<()> {
+        let total = threads_per_process.saturating_mul(self.dsm.nprocs());
         // SAFETY: forwarded contract.
-        unsafe { self.fork_to(ALL, threads_per_process, f, data) }
+        unsafe { self.fork_to(ALL, total, f, data) }
+    }
+
+    /// [`Team::fork`] of a team of `num_threads` threads in all, spread over
+    /// the processes as evenly as they go: process `r` runs
+    /// `num_threads / nprocs` threads, one more if `r < num_threads %
+    /// nprocs`, and thread numbers follow the processes' order. A team
+    /// smaller than the number of processes runs on process 0 alone (the
+    /// others take part in the fork's DSM barriers only, as in
+    /// [`Team::fork_on`]), since every process of a team must take part in
+    /// its barriers.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Team::fork`].
+    pub unsafe fn fork_team(&self, num_threads: usize, f: TeamFn, data: *mut u8) -> DsmResult<()> {
+        let target = if num_threads < self.dsm.nprocs() {
+            0
+        } else {
+            ALL
+        };
+        // SAFETY: forwarded contract.
+        unsafe { self.fork_to(target, num_threads, f, data) }
     }
 
     /// [`Team::fork`] onto process `rank` only: `threads` user-level
@@ -387,9 +430,14 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             ));
         }
         let slots = self.dsm.stacks().map_or(0, |s| s.slots_per_process());
-        if threads == 0 || threads >= slots {
+        let most = if target == ALL {
+            threads.div_ceil(self.dsm.nprocs())
+        } else {
+            threads
+        };
+        if threads == 0 || most >= slots {
             return Err(DsmError::InvalidArgument(format!(
-                "{threads} team threads per process: use 1 .. {} (one stack slot is main's; \
+                "{most} team threads per process: use 1 .. {} (one stack slot is main's; \
                  raise MENPS_DSM_STACKS for more)",
                 slots.saturating_sub(1)
             )));
@@ -450,8 +498,9 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
 
     /// Runs one fork in this process: a DSM barrier (process 0's writes so
     /// far become visible), the team threads (if the fork is for this
-    /// process), a DSM barrier.
-    fn execute(&self, f: TeamFn, data: usize, tpp: usize, target: u64) -> DsmResult<()> {
+    /// process), a DSM barrier. `threads` is the team's size: all processes
+    /// together for a fork to `ALL`, else the threads of the one process.
+    fn execute(&self, f: TeamFn, data: usize, threads: usize, target: u64) -> DsmResult<()> {
         // The team's own bookkeeping is not DSM memory; the team threads'
         // code is user code again (`run_team_thread`).
         let _rt = RuntimeGuard::enter();
@@ -464,6 +513,14 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         }
         let (rank, nprocs) = (dsm.rank(), dsm.nprocs());
         let all = target == ALL;
+        // This process's share: the first `threads % nprocs` processes run
+        // one thread more than the others.
+        let (tpp, first) = if all {
+            let (base, extra) = (threads / nprocs, threads % nprocs);
+            (base + usize::from(rank < extra), rank * base + rank.min(extra))
+        } else {
+            (threads, 0)
+        };
         if all || target == rank as u64 {
             // In process-private memory (this is runtime code), not in this
             // frame: every team barrier writes it, and this frame is on a
@@ -475,8 +532,8 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
                 TeamBarrier::local(dsm, tpp)
             });
             let thread = |local: usize| TeamThread {
-                thread_num: if all { rank * tpp + local } else { local },
-                num_threads: if all { nprocs * tpp } else { tpp },
+                thread_num: first + local,
+                num_threads: threads,
                 local_num: local,
                 threads_here: tpp,
                 rank,

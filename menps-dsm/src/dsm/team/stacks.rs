@@ -40,6 +40,10 @@ impl DsmStacks {
     }
 }
 
+/// Stacks a worker keeps for its next threads (they count as taken: a
+/// process's `MENPS_DSM_STACKS` must leave room for them, two per worker).
+pub const CACHED_STACKS: usize = 2;
+
 /// A stack error for ct-worker.
 fn stack_error(e: DsmError) -> Error {
     Error::StackSource(Box::new(e))
@@ -51,7 +55,8 @@ fn stack_error(e: DsmError) -> Error {
 // (`SlotRegion`), and the slot's memory stays mapped for the DSM's life.
 unsafe impl StackSource for DsmStacks {
     type Stack = StackRegion;
-    type Local = ();
+    /// A few stacks this worker gave back, taken again first (no lock).
+    type Local = Vec<StackRegion>;
 
     fn init(&mut self, stack_size: usize, _workers: usize) -> ct_worker::Result<()> {
         let slot = self.slots().slot_size();
@@ -64,19 +69,35 @@ unsafe impl StackSource for DsmStacks {
         Ok(())
     }
 
-    fn local(&self, _worker: usize) {}
+    fn local(&self, _worker: usize) -> Vec<StackRegion> {
+        Vec::with_capacity(CACHED_STACKS)
+    }
 
-    fn take(&self, _at: Option<(usize, &mut ())>) -> ct_worker::Result<StackRegion> {
+    fn take(&self, at: Option<(usize, &mut Vec<StackRegion>)>) -> ct_worker::Result<StackRegion> {
+        if let Some(stack) = at.and_then(|(_, cache)| cache.pop()) {
+            return Ok(stack);
+        }
         let s = self.slots();
         let p = s.take().map_err(stack_error)? as usize;
         StackRegion::new(p, p + s.slot_size())
             .ok_or_else(|| stack_error(DsmError::Misuse("an empty stack slot".into())))
     }
 
-    unsafe fn give_back(&self, stack: StackRegion, _worker: usize, _local: &mut ()) {
+    unsafe fn give_back(&self, stack: StackRegion, _worker: usize, cache: &mut Vec<StackRegion>) {
+        if cache.len() < CACHED_STACKS {
+            return cache.push(stack);
+        }
         // Only fails for a slot that was not taken: a bug of the runtime.
         if let Err(e) = self.slots().give_back(stack.bottom() as *mut u8) {
             fatal(&e);
+        }
+    }
+
+    fn clear_local(&self, _worker: usize, cache: &mut Vec<StackRegion>) {
+        for stack in cache.drain(..) {
+            if let Err(e) = self.slots().give_back(stack.bottom() as *mut u8) {
+                fatal(&e);
+            }
         }
     }
 
@@ -99,6 +120,9 @@ pub(crate) trait StackPinner: Sync {
 /// what the thread wrote and faults never happen on a running stack.
 pub struct PinHook {
     pinner: *const dyn StackPinner,
+    /// The stacks are pinned once for good (a job of one process: no other
+    /// process ever reads them), so switches pin nothing.
+    pinned_for_good: bool,
 }
 
 // SAFETY: the pinner is `Sync` and valid while the team runtime lives (the
@@ -117,7 +141,24 @@ impl PinHook {
         // SAFETY: only the lifetime is erased; `new`'s contract keeps the
         // pinner alive as long as the hook is used.
         let pinner: &'static dyn StackPinner = unsafe { core::mem::transmute(pinner) };
-        PinHook { pinner }
+        PinHook {
+            pinner,
+            pinned_for_good: false,
+        }
+    }
+
+    /// A hook for stacks that `pinner` has pinned for good: switches cost
+    /// nothing.
+    ///
+    /// # Safety
+    ///
+    /// As [`PinHook::new`]; every stack the runtime hands out stays pinned
+    /// while the runtime lives.
+    pub(crate) unsafe fn pinned_for_good(pinner: &dyn StackPinner) -> Self {
+        // SAFETY: forwarded.
+        let mut h = unsafe { Self::new(pinner) };
+        h.pinned_for_good = true;
+        h
     }
 
     fn pinner(&self) -> &dyn StackPinner {
@@ -135,6 +176,9 @@ impl core::fmt::Debug for PinHook {
 impl SwitchHook for PinHook {
     #[inline]
     fn entering(&self, _worker: usize, _thread: UltThread<'_>, stack: StackRegion) {
+        if self.pinned_for_good {
+            return;
+        }
         if let Err(e) = self
             .pinner()
             .pin_stack(stack.bottom(), stack.top() - stack.bottom())
@@ -145,6 +189,9 @@ impl SwitchHook for PinHook {
 
     #[inline]
     fn left(&self, _worker: usize, _thread: UltThread<'_>, stack: StackRegion, _why: LeaveReason) {
+        if self.pinned_for_good {
+            return;
+        }
         if let Err(e) = self
             .pinner()
             .unpin_stack(stack.bottom(), stack.top() - stack.bottom())

@@ -1,0 +1,857 @@
+//! Work-sharing loops (`GOMP_loop_*`, the `ull` forms, the combined
+//! `GOMP_parallel_loop_*`), `ordered` (`GOMP_ordered_start/end`) and
+//! `sections` (`GOMP_sections_*`, `GOMP_parallel_sections`).
+//!
+//! GCC hands the runtime a loop as (start, end, increment, chunk) and asks
+//! for chunks: `*_start` begins the loop and gives the first chunk,
+//! `*_next` the following ones, `GOMP_loop_end[_nowait]` ends it. Chunks
+//! are ranges of iteration indices `0 .. n`, handed out like the Rust
+//! API's loops (static blocks or round-robin chunks without communication;
+//! dynamic and guided chunks from the team's shared counters) and turned
+//! back into values of the loop variable. `long` and `unsigned long long`
+//! loops share the arithmetic (two's complement).
+//!
+//! Ordered loops pass the turn chunk by chunk, as libgomp does: a chunk's
+//! `ordered` parts wait until every earlier chunk is done.
+
+use core::ffi::{c_long, c_uint, c_ulonglong, c_void};
+
+use super::parallel::{OutlinedFn, parallel_region};
+use super::{CThread, LoopKind, LoopState, current_thread, die, rt};
+use crate::schedule::{Schedule, guided_chunk, static_block};
+use crate::wait::Waiter;
+use crate::worksharing::{NEXT, ORD};
+
+/// A loop as GCC describes it, counted.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spec {
+    pub n: u64,
+    pub start: u64,
+    pub incr: u64,
+    pub end: u64,
+}
+
+/// Iterations of `for (i = start; i < end (or >); i += incr)` on `long`.
+pub(crate) fn spec_long(start: c_long, end: c_long, incr: c_long) -> Spec {
+    let (s, e, i) = (i128::from(start), i128::from(end), i128::from(incr));
+    let n = if i > 0 && e > s {
+        (e - s + i - 1) / i
+    } else if i < 0 && e < s {
+        (s - e - i - 1) / -i
+    } else {
+        0
+    };
+    Spec {
+        n: n as u64,
+        start: start as u64,
+        incr: incr as u64,
+        end: end as u64,
+    }
+}
+
+/// Iterations of an `unsigned long long` loop counting up or down.
+pub(crate) fn spec_ull(up: bool, start: u64, end: u64, incr: u64) -> Spec {
+    let n = if up {
+        if end > start && incr != 0 {
+            (u128::from(end - start) + u128::from(incr) - 1) / u128::from(incr)
+        } else {
+            0
+        }
+    } else {
+        let step = incr.wrapping_neg();
+        if start > end && step != 0 {
+            (u128::from(start - end) + u128::from(step) - 1) / u128::from(step)
+        } else {
+            0
+        }
+    };
+    Spec {
+        n: n as u64,
+        start,
+        incr,
+        end,
+    }
+}
+
+/// The kind and chunk of a schedule (the run-time one resolved).
+fn kind_of(ct: &CThread, s: Schedule) -> (LoopKind, u64) {
+    match s.resolve(ct.schedule.get()) {
+        Schedule::StaticChunk(c) => (LoopKind::Static, c as u64),
+        Schedule::Dynamic(c) => (LoopKind::Dynamic, c.max(1) as u64),
+        Schedule::Guided(c) => (LoopKind::Guided, c.max(1) as u64),
+        _ => (LoopKind::Static, 0),
+    }
+}
+
+/// GCC's schedule codes (`GOMP_loop_start`): runtime, static, dynamic,
+/// guided, auto; the high bit marks `monotonic`.
+fn schedule_code(sched: c_long, chunk: c_long) -> Schedule {
+    let c = chunk.max(0) as usize;
+    match sched & 0x7fff_ffff {
+        0 => Schedule::Runtime,
+        1 if c == 0 => Schedule::Static,
+        1 => Schedule::StaticChunk(c),
+        2 => Schedule::Dynamic(c.max(1)),
+        3 => Schedule::Guided(c.max(1)),
+        4 => Schedule::Auto,
+        other => die(&format!("GOMP_loop_start: unknown schedule code {other}")),
+    }
+}
+
+/// A loop's state before any chunk is taken.
+pub(crate) fn preset(ct: &CThread, spec: Spec, s: Schedule, ordered: bool) -> LoopState {
+    let (kind, chunk) = kind_of(ct, s);
+    LoopState {
+        kind,
+        seq: 0,
+        shared: false,
+        n: spec.n,
+        chunk,
+        start: spec.start,
+        incr: spec.incr,
+        end: spec.end,
+        next_static: 0,
+        ordered,
+        ord_lo: 0,
+        ord_hi: 0,
+        ord_open: false,
+    }
+}
+
+/// Begins loop `lp` on this thread: takes its work-sharing number if it
+/// uses the team's counters.
+pub(crate) fn begin(ct: &CThread, mut lp: LoopState) {
+    if ct.lp.get().kind != LoopKind::None {
+        die("a work-sharing loop started inside another one of the same team thread");
+    }
+    lp.shared = ct.num_threads > 1 && (lp.kind != LoopKind::Static || lp.ordered);
+    if lp.shared {
+        let rt = rt();
+        lp.seq = ct.next_seq();
+        rt.ring.enter(rt.dsm, lp.seq);
+    }
+    ct.lp.set(lp);
+}
+
+/// The next chunk of this thread (iteration indices), if any.
+pub(crate) fn next_chunk(ct: &CThread) -> Option<(u64, u64)> {
+    let mut lp = ct.lp.get();
+    if lp.kind == LoopKind::None {
+        die("GOMP_loop_*_next outside a work-sharing loop");
+    }
+    if lp.ord_open {
+        pass_turn(&lp);
+        lp.ord_open = false;
+    }
+    let (n, nth, tid) = (lp.n, ct.num_threads as u64, ct.thread_num as u64);
+    let got = match lp.kind {
+        LoopKind::Static if lp.chunk == 0 => {
+            if lp.next_static == 0 {
+                lp.next_static = 1;
+                let b = static_block(0..n as usize, tid as usize, nth as usize);
+                (!b.is_empty()).then_some((b.start as u64, b.end as u64))
+            } else {
+                None
+            }
+        }
+        LoopKind::Static => {
+            let c = lp.chunk;
+            let k = (tid + lp.next_static.saturating_mul(nth)).saturating_mul(c);
+            lp.next_static += 1;
+            (k < n).then(|| (k, k.saturating_add(c).min(n)))
+        }
+        LoopKind::Dynamic if !lp.shared => {
+            let k = lp.next_static;
+            lp.next_static = k.saturating_add(lp.chunk).min(n);
+            (k < n).then(|| (k, lp.next_static))
+        }
+        LoopKind::Dynamic => {
+            let rt = rt();
+            let k = rt.ring.fetch_add(rt.dsm, lp.seq, NEXT, lp.chunk);
+            (k < n).then(|| (k, k.saturating_add(lp.chunk).min(n)))
+        }
+        LoopKind::Guided if !lp.shared => {
+            let k = lp.next_static;
+            let c = guided_chunk((n - k.min(n)) as usize, 1, lp.chunk as usize) as u64;
+            lp.next_static = (k + c).min(n);
+            (k < n).then(|| (k, lp.next_static))
+        }
+        LoopKind::Guided => {
+            let rt = rt();
+            let mut cur = rt.ring.load(rt.dsm, lp.seq, NEXT);
+            loop {
+                if cur >= n {
+                    break None;
+                }
+                let c = guided_chunk((n - cur) as usize, nth as usize, lp.chunk as usize) as u64;
+                let found = rt.ring.cas(rt.dsm, lp.seq, NEXT, cur, cur + c);
+                if found == cur {
+                    break Some((cur, cur + c));
+                }
+                cur = found;
+            }
+        }
+        LoopKind::None => None,
+    };
+    if let (true, Some((lo, hi))) = (lp.ordered, got) {
+        lp.ord_lo = lo;
+        lp.ord_hi = hi;
+        lp.ord_open = true;
+    }
+    ct.lp.set(lp);
+    got
+}
+
+/// Waits until every chunk before this thread's current one is done, then
+/// passes the turn past it.
+fn pass_turn(lp: &LoopState) {
+    if !lp.shared {
+        return;
+    }
+    wait_turn(lp);
+    let rt = rt();
+    rt.ring.fetch_add(rt.dsm, lp.seq, ORD, lp.ord_hi - lp.ord_lo);
+}
+
+/// Waits until the ordered turn reaches this thread's chunk.
+fn wait_turn(lp: &LoopState) {
+    let rt = rt();
+    let mut w = Waiter::new();
+    while rt.ring.load(rt.dsm, lp.seq, ORD) != lp.ord_lo {
+        w.wait();
+    }
+}
+
+/// Ends this thread's part of the loop; then the barrier unless `nowait`.
+pub(crate) fn end(ct: &CThread, nowait: bool) {
+    let lp = ct.lp.get();
+    if lp.kind == LoopKind::None {
+        die("GOMP_loop_end outside a work-sharing loop");
+    }
+    if lp.ord_open {
+        pass_turn(&lp);
+    }
+    if lp.shared {
+        let rt = rt();
+        rt.ring.leave(rt.dsm, lp.seq, ct.num_threads);
+    }
+    ct.lp.set(LoopState::default());
+    if !nowait {
+        super::sync::team_barrier(ct);
+    }
+}
+
+/// The loop variable's values of chunk `lo .. hi`: (first, end).
+fn values(lp: &LoopState, lo: u64, hi: u64) -> (u64, u64) {
+    let first = lp.start.wrapping_add(lo.wrapping_mul(lp.incr));
+    let end = if hi >= lp.n {
+        lp.end
+    } else {
+        lp.start.wrapping_add(hi.wrapping_mul(lp.incr))
+    };
+    (first, end)
+}
+
+/// The caller's team thread (a loop outside any region is a team of one).
+fn me(what: &str) -> &'static CThread {
+    current_thread().unwrap_or_else(|| die(&format!("{what} called outside the OpenMP program's threads")))
+}
+
+/// Next chunk into `istart`/`iend`.
+///
+/// # Safety
+///
+/// `istart` and `iend` are valid for writes (or null: nothing written).
+unsafe fn next_into<T: Copy>(ct: &CThread, istart: *mut T, iend: *mut T, conv: fn(u64) -> T) -> bool {
+    match next_chunk(ct) {
+        Some((lo, hi)) => {
+            let (a, b) = values(&ct.lp.get(), lo, hi);
+            if !istart.is_null() {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    *istart = conv(a);
+                    *iend = conv(b);
+                }
+            }
+            true
+        }
+        None => false,
+    }
+}
+
+fn to_long(v: u64) -> c_long {
+    v as c_long
+}
+
+fn to_ull(v: u64) -> c_ulonglong {
+    v
+}
+
+/// Starts a `long` loop and takes the first chunk.
+unsafe fn start_long(
+    what: &str,
+    start: c_long,
+    end: c_long,
+    incr: c_long,
+    s: Schedule,
+    ordered: bool,
+    istart: *mut c_long,
+    iend: *mut c_long,
+) -> bool {
+    let ct = me(what);
+    begin(ct, preset(ct, spec_long(start, end, incr), s, ordered));
+    // SAFETY: forwarded.
+    unsafe { next_into(ct, istart, iend, to_long) }
+}
+
+/// Starts an `unsigned long long` loop and takes the first chunk.
+#[allow(clippy::too_many_arguments)]
+unsafe fn start_ull(
+    what: &str,
+    up: bool,
+    start: c_ulonglong,
+    end: c_ulonglong,
+    incr: c_ulonglong,
+    s: Schedule,
+    ordered: bool,
+    istart: *mut c_ulonglong,
+    iend: *mut c_ulonglong,
+) -> bool {
+    let ct = me(what);
+    begin(ct, preset(ct, spec_ull(up, start, end, incr), s, ordered));
+    // SAFETY: forwarded.
+    unsafe { next_into(ct, istart, iend, to_ull) }
+}
+
+fn chunk_of(chunk: c_long) -> usize {
+    chunk.max(0) as usize
+}
+
+fn static_schedule(chunk: usize) -> Schedule {
+    if chunk == 0 {
+        Schedule::Static
+    } else {
+        Schedule::StaticChunk(chunk)
+    }
+}
+
+/// Defines `GOMP_loop_<name>_start` and `_next` for `long` loops.
+macro_rules! long_loops {
+    ($( $start:ident, $next:ident, $ordered:expr, |$c:ident| $sched:expr; )*) => {$(
+        #[doc = concat!("`", stringify!($start), "`: begins a loop and takes the first chunk.")]
+        ///
+        /// # Safety
+        ///
+        /// Called by GCC's code with valid pointers for the chunk.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $start(
+            start: c_long,
+            end: c_long,
+            incr: c_long,
+            chunk: c_long,
+            istart: *mut c_long,
+            iend: *mut c_long,
+        ) -> bool {
+            let $c = chunk_of(chunk);
+            // SAFETY: forwarded.
+            unsafe { start_long(stringify!($start), start, end, incr, $sched, $ordered, istart, iend) }
+        }
+
+        #[doc = concat!("`", stringify!($next), "`: the next chunk.")]
+        ///
+        /// # Safety
+        ///
+        /// Called by GCC's code with valid pointers for the chunk.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $next(istart: *mut c_long, iend: *mut c_long) -> bool {
+            // SAFETY: forwarded.
+            unsafe { next_into(me(stringify!($next)), istart, iend, to_long) }
+        }
+    )*};
+}
+
+long_loops! {
+    GOMP_loop_static_start, GOMP_loop_static_next, false, |c| static_schedule(c);
+    GOMP_loop_dynamic_start, GOMP_loop_dynamic_next, false, |c| Schedule::Dynamic(c.max(1));
+    GOMP_loop_guided_start, GOMP_loop_guided_next, false, |c| Schedule::Guided(c.max(1));
+    GOMP_loop_nonmonotonic_dynamic_start, GOMP_loop_nonmonotonic_dynamic_next, false, |c| Schedule::Dynamic(c.max(1));
+    GOMP_loop_nonmonotonic_guided_start, GOMP_loop_nonmonotonic_guided_next, false, |c| Schedule::Guided(c.max(1));
+    GOMP_loop_ordered_static_start, GOMP_loop_ordered_static_next, true, |c| static_schedule(c);
+    GOMP_loop_ordered_dynamic_start, GOMP_loop_ordered_dynamic_next, true, |c| Schedule::Dynamic(c.max(1));
+    GOMP_loop_ordered_guided_start, GOMP_loop_ordered_guided_next, true, |c| Schedule::Guided(c.max(1));
+}
+
+/// Defines the run-time-schedule `long` loops (no chunk argument).
+macro_rules! long_runtime_loops {
+    ($( $start:ident, $next:ident, $ordered:expr; )*) => {$(
+        #[doc = concat!("`", stringify!($start), "`: begins a loop of the run-time schedule.")]
+        ///
+        /// # Safety
+        ///
+        /// Called by GCC's code with valid pointers for the chunk.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $start(
+            start: c_long,
+            end: c_long,
+            incr: c_long,
+            istart: *mut c_long,
+            iend: *mut c_long,
+        ) -> bool {
+            // SAFETY: forwarded.
+            unsafe { start_long(stringify!($start), start, end, incr, Schedule::Runtime, $ordered, istart, iend) }
+        }
+
+        #[doc = concat!("`", stringify!($next), "`: the next chunk.")]
+        ///
+        /// # Safety
+        ///
+        /// Called by GCC's code with valid pointers for the chunk.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $next(istart: *mut c_long, iend: *mut c_long) -> bool {
+            // SAFETY: forwarded.
+            unsafe { next_into(me(stringify!($next)), istart, iend, to_long) }
+        }
+    )*};
+}
+
+long_runtime_loops! {
+    GOMP_loop_runtime_start, GOMP_loop_runtime_next, false;
+    GOMP_loop_nonmonotonic_runtime_start, GOMP_loop_nonmonotonic_runtime_next, false;
+    GOMP_loop_maybe_nonmonotonic_runtime_start, GOMP_loop_maybe_nonmonotonic_runtime_next, false;
+    GOMP_loop_ordered_runtime_start, GOMP_loop_ordered_runtime_next, true;
+}
+
+/// Defines `GOMP_loop_ull_<name>_start` and `_next`.
+macro_rules! ull_loops {
+    ($( $start:ident, $next:ident, $ordered:expr, |$c:ident| $sched:expr; )*) => {$(
+        #[doc = concat!("`", stringify!($start), "`: begins an `unsigned long long` loop.")]
+        ///
+        /// # Safety
+        ///
+        /// Called by GCC's code with valid pointers for the chunk.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $start(
+            up: bool,
+            start: c_ulonglong,
+            end: c_ulonglong,
+            incr: c_ulonglong,
+            chunk: c_ulonglong,
+            istart: *mut c_ulonglong,
+            iend: *mut c_ulonglong,
+        ) -> bool {
+            let $c = chunk.min(usize::MAX as u64) as usize;
+            // SAFETY: forwarded.
+            unsafe { start_ull(stringify!($start), up, start, end, incr, $sched, $ordered, istart, iend) }
+        }
+
+        #[doc = concat!("`", stringify!($next), "`: the next chunk.")]
+        ///
+        /// # Safety
+        ///
+        /// Called by GCC's code with valid pointers for the chunk.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $next(istart: *mut c_ulonglong, iend: *mut c_ulonglong) -> bool {
+            // SAFETY: forwarded.
+            unsafe { next_into(me(stringify!($next)), istart, iend, to_ull) }
+        }
+    )*};
+}
+
+ull_loops! {
+    GOMP_loop_ull_static_start, GOMP_loop_ull_static_next, false, |c| static_schedule(c);
+    GOMP_loop_ull_dynamic_start, GOMP_loop_ull_dynamic_next, false, |c| Schedule::Dynamic(c.max(1));
+    GOMP_loop_ull_guided_start, GOMP_loop_ull_guided_next, false, |c| Schedule::Guided(c.max(1));
+    GOMP_loop_ull_nonmonotonic_dynamic_start, GOMP_loop_ull_nonmonotonic_dynamic_next, false, |c| Schedule::Dynamic(c.max(1));
+    GOMP_loop_ull_nonmonotonic_guided_start, GOMP_loop_ull_nonmonotonic_guided_next, false, |c| Schedule::Guided(c.max(1));
+    GOMP_loop_ull_ordered_static_start, GOMP_loop_ull_ordered_static_next, true, |c| static_schedule(c);
+    GOMP_loop_ull_ordered_dynamic_start, GOMP_loop_ull_ordered_dynamic_next, true, |c| Schedule::Dynamic(c.max(1));
+    GOMP_loop_ull_ordered_guided_start, GOMP_loop_ull_ordered_guided_next, true, |c| Schedule::Guided(c.max(1));
+}
+
+/// Defines the run-time-schedule `unsigned long long` loops.
+macro_rules! ull_runtime_loops {
+    ($( $start:ident, $next:ident, $ordered:expr; )*) => {$(
+        #[doc = concat!("`", stringify!($start), "`: begins an `unsigned long long` loop of the run-time schedule.")]
+        ///
+        /// # Safety
+        ///
+        /// Called by GCC's code with valid pointers for the chunk.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $start(
+            up: bool,
+            start: c_ulonglong,
+            end: c_ulonglong,
+            incr: c_ulonglong,
+            istart: *mut c_ulonglong,
+            iend: *mut c_ulonglong,
+        ) -> bool {
+            // SAFETY: forwarded.
+            unsafe { start_ull(stringify!($start), up, start, end, incr, Schedule::Runtime, $ordered, istart, iend) }
+        }
+
+        #[doc = concat!("`", stringify!($next), "`: the next chunk.")]
+        ///
+        /// # Safety
+        ///
+        /// Called by GCC's code with valid pointers for the chunk.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $next(istart: *mut c_ulonglong, iend: *mut c_ulonglong) -> bool {
+            // SAFETY: forwarded.
+            unsafe { next_into(me(stringify!($next)), istart, iend, to_ull) }
+        }
+    )*};
+}
+
+ull_runtime_loops! {
+    GOMP_loop_ull_runtime_start, GOMP_loop_ull_runtime_next, false;
+    GOMP_loop_ull_nonmonotonic_runtime_start, GOMP_loop_ull_nonmonotonic_runtime_next, false;
+    GOMP_loop_ull_maybe_nonmonotonic_runtime_start, GOMP_loop_ull_maybe_nonmonotonic_runtime_next, false;
+    GOMP_loop_ull_ordered_runtime_start, GOMP_loop_ull_ordered_runtime_next, true;
+}
+
+/// Refuses the task-reduction and shared-memory arguments of the generic
+/// loop entry points.
+fn plain_only(what: &str, reductions: *mut usize, mem: *mut *mut c_void) {
+    if !reductions.is_null() {
+        die(&format!("{what} with task reductions (reduction(task/inscan)) is not supported"));
+    }
+    if !mem.is_null() {
+        die(&format!("{what} with team memory (lastprivate(conditional:) or scan) is not supported"));
+    }
+}
+
+/// `GOMP_loop_start`: the generic loop entry point of GCC 9 and later.
+///
+/// # Safety
+///
+/// Called by GCC's code with valid pointers for the chunk.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn GOMP_loop_start(
+    start: c_long,
+    end: c_long,
+    incr: c_long,
+    sched: c_long,
+    chunk: c_long,
+    istart: *mut c_long,
+    iend: *mut c_long,
+    reductions: *mut usize,
+    mem: *mut *mut c_void,
+) -> bool {
+    plain_only("GOMP_loop_start", reductions, mem);
+    // SAFETY: forwarded.
+    unsafe { start_long("GOMP_loop_start", start, end, incr, schedule_code(sched, chunk), false, istart, iend) }
+}
+
+/// `GOMP_loop_ordered_start`: the generic ordered loop entry point.
+///
+/// # Safety
+///
+/// Called by GCC's code with valid pointers for the chunk.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn GOMP_loop_ordered_start(
+    start: c_long,
+    end: c_long,
+    incr: c_long,
+    sched: c_long,
+    chunk: c_long,
+    istart: *mut c_long,
+    iend: *mut c_long,
+    reductions: *mut usize,
+    mem: *mut *mut c_void,
+) -> bool {
+    plain_only("GOMP_loop_ordered_start", reductions, mem);
+    // SAFETY: forwarded.
+    unsafe { start_long("GOMP_loop_ordered_start", start, end, incr, schedule_code(sched, chunk), true, istart, iend) }
+}
+
+/// `GOMP_loop_ull_start`.
+///
+/// # Safety
+///
+/// Called by GCC's code with valid pointers for the chunk.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn GOMP_loop_ull_start(
+    up: bool,
+    start: c_ulonglong,
+    end: c_ulonglong,
+    incr: c_ulonglong,
+    sched: c_long,
+    chunk: c_ulonglong,
+    istart: *mut c_ulonglong,
+    iend: *mut c_ulonglong,
+    reductions: *mut usize,
+    mem: *mut *mut c_void,
+) -> bool {
+    plain_only("GOMP_loop_ull_start", reductions, mem);
+    let s = schedule_code(sched, chunk.min(c_long::MAX as u64) as c_long);
+    // SAFETY: forwarded.
+    unsafe { start_ull("GOMP_loop_ull_start", up, start, end, incr, s, false, istart, iend) }
+}
+
+/// `GOMP_loop_ull_ordered_start`.
+///
+/// # Safety
+///
+/// Called by GCC's code with valid pointers for the chunk.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn GOMP_loop_ull_ordered_start(
+    up: bool,
+    start: c_ulonglong,
+    end: c_ulonglong,
+    incr: c_ulonglong,
+    sched: c_long,
+    chunk: c_ulonglong,
+    istart: *mut c_ulonglong,
+    iend: *mut c_ulonglong,
+    reductions: *mut usize,
+    mem: *mut *mut c_void,
+) -> bool {
+    plain_only("GOMP_loop_ull_ordered_start", reductions, mem);
+    let s = schedule_code(sched, chunk.min(c_long::MAX as u64) as c_long);
+    // SAFETY: forwarded.
+    unsafe { start_ull("GOMP_loop_ull_ordered_start", up, start, end, incr, s, true, istart, iend) }
+}
+
+/// `GOMP_loop_end`: this thread's part of the loop is done; the barrier.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_loop_end() {
+    end(me("GOMP_loop_end"), false)
+}
+
+/// `GOMP_loop_end_nowait`: as `GOMP_loop_end` without the barrier.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_loop_end_nowait() {
+    end(me("GOMP_loop_end_nowait"), true)
+}
+
+/// `GOMP_loop_end_cancel`: `GOMP_loop_end`; cancellation is off, so the
+/// region is never cancelled.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_loop_end_cancel() -> bool {
+    end(me("GOMP_loop_end_cancel"), false);
+    false
+}
+
+/// `GOMP_ordered_start`: waits for this chunk's turn.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_ordered_start() {
+    let ct = me("GOMP_ordered_start");
+    let lp = ct.lp.get();
+    if !lp.ordered || !lp.ord_open {
+        die("GOMP_ordered_start outside the chunk of an ordered loop");
+    }
+    if lp.shared {
+        wait_turn(&lp);
+        // What earlier ordered parts wrote comes with the lock (processes).
+        if rt().dsm.nprocs() > 1 {
+            super::sync::hold(super::sync::ORDERED_KEY, "ordered");
+        }
+    }
+}
+
+/// `GOMP_ordered_end`: the ordered part of this iteration is done.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_ordered_end() {
+    let ct = me("GOMP_ordered_end");
+    if ct.lp.get().shared && rt().dsm.nprocs() > 1 {
+        super::sync::release(super::sync::ORDERED_KEY, "ordered");
+    }
+}
+
+/// The state of `sections` of `count` sections: a dynamic loop over the
+/// section numbers.
+fn sections_preset(ct: &CThread, count: c_uint) -> LoopState {
+    preset(
+        ct,
+        spec_long(1, c_long::from(count) + 1, 1),
+        Schedule::Dynamic(1),
+        false,
+    )
+}
+
+/// The next section of this thread (0: none left).
+fn next_section(ct: &CThread) -> c_uint {
+    let mut a: c_long = 0;
+    let mut b: c_long = 0;
+    // SAFETY: valid places for the chunk.
+    if unsafe { next_into(ct, &mut a, &mut b, to_long) } {
+        a as c_uint
+    } else {
+        0
+    }
+}
+
+/// `GOMP_sections_start`: begins `sections` and returns this thread's
+/// first section (1-based; 0: none).
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_sections_start(count: c_uint) -> c_uint {
+    let ct = me("GOMP_sections_start");
+    begin(ct, sections_preset(ct, count));
+    next_section(ct)
+}
+
+/// `GOMP_sections2_start`: `GOMP_sections_start` of GCC 9 and later.
+///
+/// # Safety
+///
+/// Called by GCC's code.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn GOMP_sections2_start(
+    count: c_uint,
+    reductions: *mut usize,
+    mem: *mut *mut c_void,
+) -> c_uint {
+    plain_only("GOMP_sections2_start", reductions, mem);
+    GOMP_sections_start(count)
+}
+
+/// `GOMP_sections_next`: this thread's next section (0: none).
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_sections_next() -> c_uint {
+    next_section(me("GOMP_sections_next"))
+}
+
+/// `GOMP_sections_end`: ends `sections`, with its barrier.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_sections_end() {
+    end(me("GOMP_sections_end"), false)
+}
+
+/// `GOMP_sections_end_nowait`: ends `sections` without the barrier.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_sections_end_nowait() {
+    end(me("GOMP_sections_end_nowait"), true)
+}
+
+/// `GOMP_sections_end_cancel`: `GOMP_sections_end` (cancellation is off).
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_sections_end_cancel() -> bool {
+    end(me("GOMP_sections_end_cancel"), false);
+    false
+}
+
+/// `GOMP_parallel_sections`: a parallel region whose threads start in
+/// `sections` of `count` sections.
+///
+/// # Safety
+///
+/// Called by GCC's code with its outlined function and data.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn GOMP_parallel_sections(
+    f: OutlinedFn,
+    data: *mut c_void,
+    num_threads: c_uint,
+    count: c_uint,
+    _flags: c_uint,
+) {
+    let ct = me("GOMP_parallel_sections");
+    let lp = sections_preset(ct, count);
+    // SAFETY: forwarded.
+    unsafe { parallel_region(f, data, num_threads, lp) }
+}
+
+/// Defines the combined `GOMP_parallel_loop_<name>` entry points.
+macro_rules! parallel_loops {
+    ($( $name:ident, |$c:ident| $sched:expr; )*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: a parallel region whose threads start in a loop.")]
+        ///
+        /// # Safety
+        ///
+        /// Called by GCC's code with its outlined function and data.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name(
+            f: OutlinedFn,
+            data: *mut c_void,
+            num_threads: c_uint,
+            start: c_long,
+            end: c_long,
+            incr: c_long,
+            chunk: c_long,
+            _flags: c_uint,
+        ) {
+            let $c = chunk_of(chunk);
+            let ct = me(stringify!($name));
+            let lp = preset(ct, spec_long(start, end, incr), $sched, false);
+            // SAFETY: forwarded.
+            unsafe { parallel_region(f, data, num_threads, lp) }
+        }
+    )*};
+}
+
+parallel_loops! {
+    GOMP_parallel_loop_static, |c| static_schedule(c);
+    GOMP_parallel_loop_dynamic, |c| Schedule::Dynamic(c.max(1));
+    GOMP_parallel_loop_guided, |c| Schedule::Guided(c.max(1));
+    GOMP_parallel_loop_nonmonotonic_dynamic, |c| Schedule::Dynamic(c.max(1));
+    GOMP_parallel_loop_nonmonotonic_guided, |c| Schedule::Guided(c.max(1));
+}
+
+/// Defines the combined run-time-schedule entry points.
+macro_rules! parallel_runtime_loops {
+    ($( $name:ident; )*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: a parallel region whose threads start in a loop of the run-time schedule.")]
+        ///
+        /// # Safety
+        ///
+        /// Called by GCC's code with its outlined function and data.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            f: OutlinedFn,
+            data: *mut c_void,
+            num_threads: c_uint,
+            start: c_long,
+            end: c_long,
+            incr: c_long,
+            _flags: c_uint,
+        ) {
+            let ct = me(stringify!($name));
+            let lp = preset(ct, spec_long(start, end, incr), Schedule::Runtime, false);
+            // SAFETY: forwarded.
+            unsafe { parallel_region(f, data, num_threads, lp) }
+        }
+    )*};
+}
+
+parallel_runtime_loops! {
+    GOMP_parallel_loop_runtime;
+    GOMP_parallel_loop_nonmonotonic_runtime;
+    GOMP_parallel_loop_maybe_nonmonotonic_runtime;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trip_counts() {
+        assert_eq!(spec_long(0, 10, 1).n, 10);
+        assert_eq!(spec_long(0, 10, 3).n, 4);
+        assert_eq!(spec_long(10, 0, -1).n, 10);
+        assert_eq!(spec_long(10, 0, -4).n, 3);
+        assert_eq!(spec_long(5, 5, 1).n, 0);
+        assert_eq!(spec_long(5, 0, 1).n, 0);
+        assert_eq!(spec_long(c_long::MIN, c_long::MAX, c_long::MAX).n, 3);
+        assert_eq!(spec_ull(true, 0, 10, 3).n, 4);
+        assert_eq!(spec_ull(false, 10, 0, 2u64.wrapping_neg()).n, 5);
+        assert_eq!(spec_ull(true, 0, u64::MAX, 1).n, u64::MAX);
+    }
+
+    #[test]
+    fn chunk_values_end_at_the_loop_end() {
+        let s = spec_long(10, 0, -4);
+        let lp = LoopState {
+            n: s.n,
+            start: s.start,
+            incr: s.incr,
+            end: s.end,
+            ..LoopState::default()
+        };
+        assert_eq!(values(&lp, 0, 1), (10, 6));
+        assert_eq!(values(&lp, 1, 3), (6, 0));
+    }
+}

@@ -1,0 +1,183 @@
+//! Parallel regions: `GOMP_parallel` (and the combined forms, through
+//! [`parallel_region`]).
+//!
+//! A region started by the initial thread (`main`, process 0) forks a team
+//! over every process: `num_threads` threads (or the `nthreads-var` ICV),
+//! spread over the processes as evenly as they go, each a new user-level
+//! thread on a DSM call stack, while `main` waits. The outlined function's
+//! data lives in `main`'s frame (DSM memory), so every process reads it. A
+//! region started inside a region runs on the encountering thread alone
+//! (nested parallelism is off: `max-active-levels` is 1).
+
+use core::cell::Cell;
+use core::ffi::{c_uint, c_void};
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use menps_dsm::dsm::allocator::RuntimeGuard;
+use menps_dsm::dsm::team::TeamThread;
+
+use super::{CThread, LoopKind, LoopState, Region, Task, current_task, current_thread, die, enter_task, leave_task, rt};
+use crate::schedule::Schedule;
+
+/// An outlined region body.
+pub type OutlinedFn = unsafe extern "C" fn(*mut c_void);
+
+/// `GOMP_parallel`: runs `f(data)` on every thread of a new team and
+/// returns when all have finished.
+///
+/// # Safety
+///
+/// Called by GCC's code with its outlined function and data.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn GOMP_parallel(f: OutlinedFn, data: *mut c_void, num_threads: c_uint, _flags: c_uint) {
+    // SAFETY: forwarded.
+    unsafe { parallel_region(f, data, num_threads, LoopState::default()) }
+}
+
+/// Runs a region whose threads start in loop `preset` (none if its kind is
+/// `None`).
+///
+/// # Safety
+///
+/// `f` and `data` are GCC's outlined function and its data.
+pub(crate) unsafe fn parallel_region(f: OutlinedFn, data: *mut c_void, num_threads: c_uint, preset: LoopState) {
+    let me = current_thread().unwrap_or_else(|| {
+        die("a parallel region started outside the OpenMP program's threads (a thread the program created itself?)")
+    });
+    let rt = rt();
+    let n = if num_threads > 0 {
+        num_threads as usize
+    } else {
+        me.nthreads_var.get()
+    };
+    let is_main = current_task().is_some_and(|t| core::ptr::eq(t, &me.task)) && me.level == 0 && rt.dsm.rank() == 0;
+    if !is_main || n <= 1 {
+        // SAFETY: forwarded.
+        return unsafe { serial_region(me, f, data, preset) };
+    }
+    let region = Region {
+        seq_base: rt.next_seq.load(Ordering::Relaxed),
+        schedule: me.schedule.get().encode(),
+        fn_: f as usize,
+        data: data as usize,
+        preset,
+        seq_end: AtomicU64::new(u64::MAX),
+        level: 1,
+        active_level: 1,
+        nthreads_var: me.nthreads_var.get(),
+    };
+    rt.next_region.fetch_add(1, Ordering::Relaxed);
+    super::start::flush_output();
+    // SAFETY: `region` lives in this frame (DSM memory: `main` runs on a DSM
+    // stack) until the fork returns; `team_thread` reads it as a `Region`.
+    unsafe {
+        rt.team
+            .fork_team(n, team_thread, (&region as *const Region).cast_mut().cast())
+            .unwrap_or_else(|e| die(&format!("parallel region: {e}")));
+    }
+    let end = region.seq_end.load(Ordering::Relaxed);
+    if end != u64::MAX {
+        rt.next_seq.store(end, Ordering::Relaxed);
+    }
+}
+
+/// One thread of a forked team.
+unsafe fn team_thread(tt: &TeamThread<'_>, data: *mut u8) {
+    // SAFETY: `parallel_region` passed its `Region`, alive until the fork
+    // returns.
+    let region = unsafe { &*(data as *const Region) };
+    let rt = rt();
+    rt.active.fetch_add(1, Ordering::AcqRel);
+    let ct = {
+        let _rt = RuntimeGuard::enter();
+        // SAFETY: the team thread outlives this state (dropped below, before
+        // the fork's thread ends); only its lifetime is erased.
+        let tt: NonNull<TeamThread<'static>> = NonNull::from(tt).cast();
+        let ct = Box::new(CThread {
+            tt: Some(tt),
+            thread_num: unsafe { tt.as_ref() }.thread_num(),
+            num_threads: unsafe { tt.as_ref() }.num_threads(),
+            level: region.level,
+            active_level: region.active_level,
+            parent: None,
+            schedule: Cell::new(Schedule::decode(region.schedule)),
+            nthreads_var: Cell::new(region.nthreads_var),
+            seq: Cell::new(region.seq_base),
+            lp: Cell::new(LoopState::default()),
+            copy_seq: Cell::new(0),
+            task: Task::new(core::ptr::null(), false),
+        });
+        ct.task.thread.set(&*ct);
+        ct
+    };
+    // SAFETY: forwarded from `parallel_region`.
+    unsafe { run_body(&ct, region.fn_, region.data, region.preset) };
+    super::start::flush_output();
+    if ct.thread_num == 0 {
+        region.seq_end.store(ct.seq.get(), Ordering::Relaxed);
+    }
+    {
+        let _rt = RuntimeGuard::enter();
+        drop(ct);
+    }
+    rt.active.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Runs the region's body as thread `ct`: its loop first if the region is
+/// a combined one, then `f(data)`, then waits for its tasks.
+unsafe fn run_body(ct: &CThread, f: usize, data: usize, preset: LoopState) {
+    let old = enter_task(&ct.task);
+    if preset.kind != LoopKind::None {
+        super::loops::begin(ct, preset);
+    }
+    // SAFETY: GCC's outlined function and data (the caller's contract).
+    unsafe {
+        let f: OutlinedFn = core::mem::transmute::<usize, OutlinedFn>(f);
+        f(data as *mut c_void);
+    }
+    super::tasks::wait_children(&ct.task);
+    leave_task(old);
+}
+
+/// A region of one thread: the encountering thread runs it.
+unsafe fn serial_region(me: &CThread, f: OutlinedFn, data: *mut c_void, preset: LoopState) {
+    let ct = {
+        let _rt = RuntimeGuard::enter();
+        let ct = Box::new(CThread {
+            tt: None,
+            thread_num: 0,
+            num_threads: 1,
+            level: me.level + 1,
+            active_level: me.active_level,
+            parent: Some(NonNull::from(me)),
+            schedule: Cell::new(me.schedule.get()),
+            nthreads_var: Cell::new(me.nthreads_var.get()),
+            seq: Cell::new(0),
+            lp: Cell::new(LoopState::default()),
+            copy_seq: Cell::new(0),
+            task: Task::new(core::ptr::null(), false),
+        });
+        ct.task.thread.set(&*ct);
+        ct
+    };
+    // SAFETY: forwarded.
+    unsafe { run_body(&ct, f as usize, data as usize, preset) };
+    let _rt = RuntimeGuard::enter();
+    drop(ct);
+}
+
+/// `GOMP_parallel_start` (GCC before 4.9): not supported.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_parallel_start(_f: OutlinedFn, _data: *mut c_void, _num_threads: c_uint) {
+    die(
+        "GOMP_parallel_start (code from GCC before 4.9) is not supported: rebuild the program with \
+         a newer GCC",
+    )
+}
+
+/// `GOMP_parallel_end` (GCC before 4.9): not supported.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_parallel_end() {
+    die("GOMP_parallel_end (code from GCC before 4.9) is not supported: rebuild the program with a newer GCC")
+}

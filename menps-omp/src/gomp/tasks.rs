@@ -1,0 +1,274 @@
+//! Tasks: `GOMP_task`, `GOMP_taskwait`, `GOMP_taskyield`,
+//! `GOMP_taskgroup_start/end`.
+//!
+//! A deferred task is a job in the creating worker's deque (help-first):
+//! the creator goes on, an idle worker of the process may steal the job and
+//! run it as a user-level thread of its own, and a job nobody took by the
+//! time the creator waits for it (`taskwait`, the end of a `taskgroup`, a
+//! barrier) runs right there, on the creator's stack, without a thread. A
+//! recursive program such as `fib` with `task`/`taskwait` thus costs a
+//! deque push and pop per task instead of a trip through a shared queue.
+//! Arguments up to 24 bytes travel in the job itself, larger ones (and
+//! those GCC copies with a function) in a private buffer. An `if(0)` task
+//! and the tasks of a `final` task run at once (undeferred).
+//!
+//! Tasks run inside the process that created them. A task run inline nests
+//! on its creator's stack: very deep recursions of tasks need a larger
+//! `OMP_STACKSIZE`.
+//!
+//! Completion: a task waits for its own children before it completes, so
+//! joining a task means joining everything it created; `taskwait` and the
+//! end of a `taskgroup` join the children created since, and a team thread
+//! joins its children before every barrier and at the region's end.
+
+use core::ffi::{c_int, c_long, c_uint, c_void};
+
+use core::alloc::Layout;
+
+use ct_worker::Deferred;
+use menps_dsm::dsm::allocator::RuntimeGuard;
+use menps_dsm::dsm::team::TeamConfig;
+
+use super::{Task, current_task, die, enter_task, leave_task};
+
+/// A child task not joined yet: a job in its creator's deque (or a thread,
+/// if an idle worker stole it).
+pub(crate) struct Child(Deferred<TeamConfig>);
+
+const FLAG_FINAL: c_uint = 1 << 1;
+const FLAG_DEPEND: c_uint = 1 << 3;
+/// Flags this runtime acts on or may ignore: untied, final, mergeable,
+/// depend (refused below), priority.
+const KNOWN_FLAGS: c_uint = 0x1f;
+
+/// Bytes of arguments a task carries in its job (which fits a ct-worker
+/// descriptor with them: no allocation per task).
+const INLINE_WORDS: usize = 3;
+
+/// A copy-constructor of task arguments (`firstprivate` of C++ objects,
+/// aggregates, VLAs).
+type CopyFn = unsafe extern "C" fn(*mut c_void, *mut c_void);
+/// A task body.
+type TaskFn = unsafe extern "C" fn(*mut c_void);
+
+const META_FINAL: u64 = 1;
+const META_HEAP: u64 = 2;
+
+/// A task ready to run: its function, its team thread, its arguments
+/// (inline, or a private buffer of `[pointer, size, align]`).
+struct Job {
+    f: TaskFn,
+    thread: *const super::CThread,
+    words: [u64; INLINE_WORDS],
+    meta: u64,
+}
+
+// SAFETY: the arguments are bytes the task owns (GCC's copies of its
+// firstprivate values and pointers to shared data); the team thread
+// outlives its tasks (it joins them).
+unsafe impl Send for Job {}
+
+impl Job {
+    /// Copies `size` bytes of arguments from `data` (with `copy`, if
+    /// given).
+    ///
+    /// # Safety
+    ///
+    /// `data` holds the arguments GCC prepared (`size` bytes).
+    unsafe fn new(
+        f: TaskFn,
+        thread: *const super::CThread,
+        data: *mut c_void,
+        copy: Option<CopyFn>,
+        size: usize,
+        align: usize,
+        is_final: bool,
+    ) -> Job {
+        let mut j = Job {
+            f,
+            thread,
+            words: [0; INLINE_WORDS],
+            meta: u64::from(is_final),
+        };
+        let dst: *mut u8 = if copy.is_none() && size <= 8 * INLINE_WORDS && align <= 8 {
+            j.words.as_mut_ptr().cast()
+        } else {
+            let layout = Layout::from_size_align(size.max(1), align.max(1).next_power_of_two())
+                .unwrap_or_else(|_| die("GOMP_task: invalid argument size or alignment"));
+            let _rt = RuntimeGuard::enter();
+            // SAFETY: a non-zero layout.
+            let p = unsafe { std::alloc::alloc(layout) };
+            if p.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            j.words = [p as u64, layout.size() as u64, layout.align() as u64];
+            j.meta |= META_HEAP;
+            p
+        };
+        // SAFETY: `dst` has room for `size` bytes; `data` holds them (or
+        // `copy` builds them from it).
+        unsafe {
+            match copy {
+                Some(c) => c(dst.cast(), data),
+                None => core::ptr::copy_nonoverlapping(data.cast::<u8>(), dst, size),
+            }
+        }
+        j
+    }
+
+    /// Runs the task (on whichever thread takes it).
+    fn run(mut self) {
+        let heap = self.meta & META_HEAP != 0;
+        let args: *mut u8 = if heap {
+            self.words[0] as *mut u8
+        } else {
+            self.words.as_mut_ptr().cast()
+        };
+        let node = Task::new(self.thread, self.meta & META_FINAL != 0);
+        let old = enter_task(&node);
+        // SAFETY: GCC's task function on its arguments.
+        unsafe { (self.f)(args.cast()) };
+        wait_children(&node);
+        leave_task(old);
+        if heap {
+            let _rt = RuntimeGuard::enter();
+            // SAFETY: allocated in `new` with this layout.
+            unsafe {
+                std::alloc::dealloc(
+                    args,
+                    Layout::from_size_align_unchecked(self.words[1] as usize, self.words[2] as usize),
+                )
+            };
+        }
+    }
+}
+
+/// `GOMP_task`: creates a task running `f` on a copy of `data`.
+///
+/// # Safety
+///
+/// Called by GCC's code with its task function and argument block.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn GOMP_task(
+    f: TaskFn,
+    data: *mut c_void,
+    copy: Option<CopyFn>,
+    arg_size: c_long,
+    arg_align: c_long,
+    if_clause: bool,
+    flags: c_uint,
+    _depend: *mut *mut c_void,
+    _priority: c_int,
+) {
+    if flags & FLAG_DEPEND != 0 {
+        die("GOMP_task: the depend clause is not supported");
+    }
+    if flags & !KNOWN_FLAGS != 0 {
+        die(&format!(
+            "GOMP_task: task flags {flags:#x} are not supported (detach, in_reduction?)"
+        ));
+    }
+    let size = arg_size.max(0) as usize;
+    let align = arg_align.max(1) as usize;
+    let parent = current_task();
+    let is_final = parent.is_some_and(|p| p.is_final) || flags & FLAG_FINAL != 0;
+    let thread = parent.map_or(core::ptr::null(), |p| p.thread.get());
+    // SAFETY: the caller's contract; copied before the creator goes on.
+    let job = unsafe { Job::new(f, thread, data, copy, size, align, is_final) };
+    let Some(parent) = parent else {
+        // Outside the program's threads: run it here.
+        return job.run();
+    };
+    if !if_clause || parent.is_final {
+        return job.run();
+    }
+    // The scheduler's own allocations stay out of the DSM heap.
+    let _private = super::heap::private_allocations();
+    match ct_worker::defer_in::<TeamConfig, _>(move || job.run()) {
+        // SAFETY: only the task's own code touches its children.
+        Some(d) => unsafe { (*parent.children.get()).push(Child(d)) },
+        None => die("GOMP_task called outside the runtime's threads"),
+    }
+}
+
+/// Joins the children of `task` created after its first `from`.
+fn join_from(task: &Task, from: usize) {
+    loop {
+        // Newest first: a job not stolen is then on top of our deque, and
+        // runs here without a thread of its own.
+        let next = {
+            // SAFETY: only the task's own code touches its children.
+            let children = unsafe { &mut *task.children.get() };
+            if children.len() <= from {
+                return;
+            }
+            children.pop()
+        };
+        if let Some(c) = next {
+            // A task's failure ends the process (GCC's task bodies do not
+            // unwind); nothing to report here.
+            let _ = c.0.try_join();
+        }
+    }
+}
+
+/// Waits for every child of `task` (and so for every descendant).
+pub(crate) fn wait_children(task: &Task) {
+    // SAFETY: only the task's own code touches its children.
+    if unsafe { (*task.children.get()).is_empty() } {
+        return;
+    }
+    join_from(task, 0);
+}
+
+/// `GOMP_taskwait`: waits for the children of the running task.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_taskwait() {
+    if let Some(t) = current_task() {
+        wait_children(t);
+    }
+}
+
+/// `GOMP_taskyield`: lets other tasks run.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_taskyield() {
+    if ct_worker::current_thread_id().is_some() {
+        ct_worker::yield_now_in::<TeamConfig>();
+    }
+}
+
+/// `GOMP_taskgroup_start`.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_taskgroup_start() {
+    if let Some(t) = current_task() {
+        let _rt = RuntimeGuard::enter();
+        // SAFETY: only the task's own code touches its groups and children.
+        unsafe {
+            let n = (*t.children.get()).len();
+            (*t.groups.get()).push(n);
+        }
+    }
+}
+
+/// `GOMP_taskgroup_end`: waits for the tasks created in the group and
+/// their descendants.
+#[unsafe(no_mangle)]
+pub extern "C" fn GOMP_taskgroup_end() {
+    let Some(t) = current_task() else { return };
+    let from = {
+        let _rt = RuntimeGuard::enter();
+        // SAFETY: as above.
+        unsafe { (*t.groups.get()).pop() }
+    };
+    match from {
+        Some(from) => join_from(t, from),
+        None => die("GOMP_taskgroup_end without GOMP_taskgroup_start"),
+    }
+}
+
+/// `omp_in_final`: whether the running task is final.
+#[unsafe(no_mangle)]
+pub extern "C" fn omp_in_final() -> c_int {
+    c_int::from(current_task().is_some_and(|t| t.is_final))
+}
