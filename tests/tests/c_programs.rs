@@ -1,0 +1,181 @@
+//! The C OpenMP programs of `tests/c/`, each run with the system libgomp
+//! (the reference) and with our runtime `libmenps_gomp.so` on 1×2, 2×1,
+//! 2×2 and 4×1 processes × threads; see the `tests` crate documentation.
+//! One test per program, so a failure names the program.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tests::{
+    all_programs, assert_same_as_reference, check_program, compile, compile_linked_to_ours,
+    libgomp_reference, needed_libraries, run_ours, run_ours_launcher, run_ours_linked,
+    undefined_symbols,
+};
+
+/// Where the compiled programs go.
+fn out_dir() -> &'static Path {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+}
+
+/// Full check of a program expected to exit with `status` (see
+/// [`check_program`]).
+fn check(name: &str, status: i32) {
+    let times = check_program(out_dir(), name, status);
+    print_times(name, &times);
+}
+
+fn print_times(name: &str, times: &[(String, Duration)]) {
+    let list: Vec<String> = times
+        .iter()
+        .map(|(what, t)| format!("{what}: {:.0} ms", t.as_secs_f64() * 1e3))
+        .collect();
+    eprintln!("{name}: {}", list.join(", "));
+}
+
+/// The programs with a test of their own below.
+const TESTED: &[&str] = &[
+    "cg_kernel",
+    "data_sharing",
+    "exit_call",
+    "exit_status",
+    "locks",
+    "loop_schedules",
+    "queries",
+    "reductions",
+    "sections_ordered",
+    "sync_constructs",
+    "tasks",
+    "unsupported_cancel",
+];
+
+#[test]
+fn every_program_has_a_test() {
+    let mut tested: Vec<String> = TESTED.iter().map(|s| s.to_string()).collect();
+    tested.sort();
+    assert_eq!(
+        all_programs(),
+        tested,
+        "tests/c/*.c and the programs tested in tests/c_programs.rs differ"
+    );
+}
+
+#[test]
+fn data_sharing() {
+    check("data_sharing", 0);
+}
+
+#[test]
+fn loop_schedules() {
+    check("loop_schedules", 0);
+}
+
+#[test]
+fn reductions() {
+    check("reductions", 0);
+}
+
+#[test]
+fn sync_constructs() {
+    check("sync_constructs", 0);
+}
+
+#[test]
+fn sections_ordered() {
+    check("sections_ordered", 0);
+}
+
+#[test]
+fn locks() {
+    check("locks", 0);
+}
+
+#[test]
+fn tasks() {
+    check("tasks", 0);
+}
+
+#[test]
+fn queries() {
+    check("queries", 0);
+}
+
+#[test]
+fn cg_kernel() {
+    check("cg_kernel", 0);
+}
+
+/// `exit(0)` from `main`, with an atexit handler printing `PASS`.
+#[test]
+fn exit_call() {
+    check("exit_call", 0);
+}
+
+/// `main` returns 3 after printing `PASS`: the status must come through.
+#[test]
+fn exit_status() {
+    check("exit_status", 3);
+}
+
+/// A program needing cancellation (`GOMP_cancel`): fine with libgomp
+/// (cancellation disabled), but our runtime must refuse it: a failed run
+/// whose stderr names the missing entry point.
+#[test]
+fn unsupported_cancel() {
+    let program = compile(out_dir(), "unsupported_cancel", "");
+    libgomp_reference(&program, 0);
+    let cancel: Vec<String> = undefined_symbols(&program)
+        .into_iter()
+        .filter(|s| s.starts_with("GOMP_") && s.contains("cancel"))
+        .collect();
+    assert!(
+        !cancel.is_empty(),
+        "the program needs no GOMP_*cancel* entry point (nm -u)"
+    );
+    let run = run_ours(&program, &[], 1, 2);
+    assert!(
+        !run.status.success(),
+        "our runtime ran a program needing {cancel:?}\n{}",
+        run.report()
+    );
+    assert!(
+        cancel.iter().any(|s| run.stderr.contains(s.as_str())),
+        "stderr does not name the unsupported entry point (one of {cancel:?})\n{}",
+        run.report()
+    );
+}
+
+/// The stand-alone launcher: `menps run -n 2` of a program preloading our
+/// runtime, 2 processes × 1 thread.
+#[test]
+fn launcher_menps_run() {
+    let program = compile(out_dir(), "data_sharing", "launcher");
+    let reference = libgomp_reference(&program, 0);
+    let run = run_ours_launcher(&program, &[], 2, 1);
+    assert_same_as_reference(&run, &reference[&2], 0);
+    print_times("launcher_menps_run", &[("ours 2x1".into(), run.elapsed)]);
+}
+
+/// A program linked against our library instead of libgomp (no
+/// `LD_PRELOAD`), on 1×2 and 2×2.
+#[test]
+fn linked_against_ours() {
+    let name = "loop_schedules";
+    let reference = libgomp_reference(&compile(out_dir(), name, "linked-reference"), 0);
+    let program = compile_linked_to_ours(out_dir(), name);
+    let needed = needed_libraries(&program);
+    assert!(
+        needed.iter().any(|l| l.contains("menps_gomp")),
+        "the linked program does not need our library: {needed:?}"
+    );
+    assert!(
+        !needed.iter().any(|l| l.starts_with("libgomp")),
+        "the linked program still needs libgomp: {needed:?}"
+    );
+    let mut times = Vec::new();
+    for (processes, threads) in [(1, 2), (2, 2)] {
+        let run = run_ours_linked(&program, &[], processes, threads);
+        assert_same_as_reference(&run, &reference[&(processes * threads)], 0);
+        times.push((format!("ours linked {processes}x{threads}"), run.elapsed));
+    }
+    print_times("linked_against_ours", &times);
+}
