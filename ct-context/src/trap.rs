@@ -78,7 +78,7 @@ use std::sync::Once;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub use crate::arch::x86_64_sigframe::{
-    InterruptedOnAltStack, fault_is_write, run_on_interrupted_stack,
+    InterruptedOnAltStack, fault_is_write, run_on_interrupted_stack, run_on_interrupted_stack_with,
 };
 use crate::stack::page_size;
 

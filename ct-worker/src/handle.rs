@@ -522,25 +522,28 @@ where
     let desc = w.alloc_desc();
     let d = TaskRef::<C>::new(desc);
     let inline = size_of::<F>() <= crate::task::PACKET_BYTES && align_of::<F>() <= 16;
-    let (data, start, run_inline): (*const (), StartFn<C>, unsafe fn(*const ()) -> thread::Result<()>) =
-        if inline {
-            let p = d.desc().packet_ptr().cast::<F>();
-            // SAFETY: the packet of a fresh descriptor holds an `F` (checked
-            // by `inline_packet`); it is moved out by whoever runs the job.
-            unsafe { p.write(f) };
-            (
-                p.cast::<()>(),
-                start_deferred::<C, F, false>,
-                run_deferred::<F, false>,
-            )
-        } else {
-            let b = Box::into_raw(Box::new(f));
-            (
-                b.cast::<()>().cast_const(),
-                start_deferred::<C, F, true>,
-                run_deferred::<F, true>,
-            )
-        };
+    let (data, start, run_inline): (
+        *const (),
+        StartFn<C>,
+        unsafe fn(*const ()) -> thread::Result<()>,
+    ) = if inline {
+        let p = d.desc().packet_ptr().cast::<F>();
+        // SAFETY: the packet of a fresh descriptor holds an `F` (checked
+        // by `inline_packet`); it is moved out by whoever runs the job.
+        unsafe { p.write(f) };
+        (
+            p.cast::<()>(),
+            start_deferred::<C, F, false>,
+            run_deferred::<F, false>,
+        )
+    } else {
+        let b = Box::into_raw(Box::new(f));
+        (
+            b.cast::<()>().cast_const(),
+            start_deferred::<C, F, true>,
+            run_deferred::<F, true>,
+        )
+    };
     d.desc().start.set(Some((start, data)));
     w.push(d);
     w.shared.aspect.fork(w.index);
@@ -550,7 +553,6 @@ where
         data,
     })
 }
-
 
 impl<C: Config> Deferred<C> {
     /// Waits for the job, running it here if nobody took it; returns its

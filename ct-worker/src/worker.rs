@@ -162,16 +162,14 @@ unsafe fn locals_of<C: Config>(b: *const WorkerBase) -> Option<LocalsCell> {
 unsafe fn thread_of<C: Config>(b: *const WorkerBase) -> Option<ThreadInfo> {
     // SAFETY: `b` heads a `Worker<C>` (the function is stored per config).
     let w = unsafe { &*(b as *const Worker<C>) };
-    w.running
-        .get()
-        .map(|t| {
-            let d = t.desc();
-            (
-                t.word(),
-                NonNull::from(&d.hook_data),
-                NonNull::from(&d.user_word),
-            )
-        })
+    w.running.get().map(|t| {
+        let d = t.desc();
+        (
+            t.word(),
+            NonNull::from(&d.hook_data),
+            NonNull::from(&d.user_word),
+        )
+    })
 }
 
 impl<C: Config> Worker<C> {

@@ -110,8 +110,10 @@ impl WsRing {
 
     /// Word `w` of entry `slot` of the lock table.
     pub fn lock_word(&self, slot: u64, w: u64) -> RemotePtr {
-        self.win
-            .at(0, (SLOTS * WORDS + (slot % LOCK_SLOTS) * LOCK_WORDS + w) * 8)
+        self.win.at(
+            0,
+            (SLOTS * WORDS + (slot % LOCK_SLOTS) * LOCK_WORDS + w) * 8,
+        )
     }
 
     /// Compare-and-swap on a word of the lock table; returns the value

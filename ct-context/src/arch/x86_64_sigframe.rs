@@ -137,6 +137,22 @@ pub unsafe fn run_on_interrupted_stack<F: FnOnce()>(
     uctx: *mut libc::c_void,
     f: F,
 ) -> InterruptedOnAltStack {
+    // SAFETY: forwarded contract.
+    unsafe { run_on_interrupted_stack_with(uctx, move |_| f()) }
+}
+
+/// [`run_on_interrupted_stack`], with `f` given the relocated frame: the
+/// registers the interrupted code resumes with, which `f` may change (to
+/// emulate the interrupted instruction and resume after it, say).
+///
+/// # Safety
+///
+/// As for [`run_on_interrupted_stack`]; what `f` writes into the frame must
+/// be a state the interrupted code can resume in.
+pub unsafe fn run_on_interrupted_stack_with<F: FnOnce(*mut libc::ucontext_t)>(
+    uctx: *mut libc::c_void,
+    f: F,
+) -> InterruptedOnAltStack {
     let uc = uctx.cast::<libc::ucontext_t>();
     // SAFETY: per the contract `uc` is the kernel's live `ucontext`.
     let interrupted_sp = unsafe { (*uc).uc_mcontext.gregs[libc::REG_RSP as usize] } as usize;
@@ -207,10 +223,12 @@ pub unsafe fn run_on_interrupted_stack<F: FnOnce()>(
 ///
 /// `call` must point to a `Call<F>` written by [`run_on_interrupted_stack`],
 /// read here once.
-unsafe extern "C" fn call_on_interrupted_stack<F: FnOnce()>(call: *mut libc::c_void) -> usize {
+unsafe extern "C" fn call_on_interrupted_stack<F: FnOnce(*mut libc::ucontext_t)>(
+    call: *mut libc::c_void,
+) -> usize {
     // SAFETY: per the contract; the memory is not used again.
     let Call { uc, f } = unsafe { call.cast::<Call<F>>().read() };
-    f();
+    f(uc);
     // SAFETY: `uc` is the copied frame, which nothing else uses; the calls
     // only query the current thread's settings.
     unsafe { adopt_current_thread_state(uc) };

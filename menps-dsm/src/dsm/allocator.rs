@@ -458,7 +458,10 @@ pub unsafe fn c_free(p: *mut u8) -> bool {
     }
     if process::is_running() {
         match c_usable_size(p) {
-            Some(size) => free_dsm(p, Layout::from_size_align(size, 16).unwrap_or(Layout::new::<u8>())),
+            Some(size) => free_dsm(
+                p,
+                Layout::from_size_align(size, 16).unwrap_or(Layout::new::<u8>()),
+            ),
             // Not a live object: the heap's own check reports it.
             None => free_slow(&[p as usize]),
         }
@@ -473,7 +476,9 @@ pub fn c_usable_size(p: *const u8) -> Option<usize> {
         return None;
     }
     let _rt = RuntimeGuard::enter();
-    process::with(|d| d.usable_size(p)).ok().and_then(Result::ok)
+    process::with(|d| d.usable_size(p))
+        .ok()
+        .and_then(Result::ok)
 }
 
 /// The global allocator: DSM heap for DSM code, the system allocator

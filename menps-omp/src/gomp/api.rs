@@ -34,12 +34,9 @@ pub extern "C" fn omp_get_num_threads() -> c_int {
 /// `omp_get_max_threads`: the team size of a region started now.
 #[unsafe(no_mangle)]
 pub extern "C" fn omp_get_max_threads() -> c_int {
-    match current_thread() {
-        // Inside a region, a new one would be nested: one thread.
-        Some(t) if t.active_level > 0 => 1,
-        Some(t) => count(t.nthreads_var.get()),
-        None => count(processors()),
-    }
+    // The nthreads-var ICV, also inside a region (as libgomp: a nested
+    // region would still run on one thread).
+    current_thread().map_or_else(|| count(processors()), |t| count(t.nthreads_var.get()))
 }
 
 /// `omp_set_num_threads`.

@@ -139,7 +139,9 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     let old = if in_dsm {
         match c_usable_size(p.cast()) {
             Some(n) => n,
-            None => super::die(&format!("realloc({p:p}): not a live object of the DSM heap")),
+            None => super::die(&format!(
+                "realloc({p:p}): not a live object of the DSM heap"
+            )),
         }
     } else {
         // SAFETY: libc's object.
@@ -302,7 +304,11 @@ pub unsafe extern "C" fn omp_alloc(size: usize, _allocator: usize) -> *mut c_voi
 ///
 /// As libc's `aligned_alloc`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn omp_aligned_alloc(align: usize, size: usize, _allocator: usize) -> *mut c_void {
+pub unsafe extern "C" fn omp_aligned_alloc(
+    align: usize,
+    size: usize,
+    _allocator: usize,
+) -> *mut c_void {
     aligned(align.max(16).next_power_of_two(), size)
 }
 
@@ -323,7 +329,12 @@ pub unsafe extern "C" fn omp_calloc(n: usize, size: usize, _allocator: usize) ->
 ///
 /// As libc's `calloc`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn omp_aligned_calloc(align: usize, n: usize, size: usize, _allocator: usize) -> *mut c_void {
+pub unsafe extern "C" fn omp_aligned_calloc(
+    align: usize,
+    n: usize,
+    size: usize,
+    _allocator: usize,
+) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else {
         return core::ptr::null_mut();
     };
@@ -341,7 +352,12 @@ pub unsafe extern "C" fn omp_aligned_calloc(align: usize, n: usize, size: usize,
 ///
 /// As libc's `realloc`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn omp_realloc(p: *mut c_void, size: usize, _to: usize, _from: usize) -> *mut c_void {
+pub unsafe extern "C" fn omp_realloc(
+    p: *mut c_void,
+    size: usize,
+    _to: usize,
+    _from: usize,
+) -> *mut c_void {
     // SAFETY: as realloc.
     unsafe { realloc(p, size) }
 }

@@ -95,14 +95,21 @@ struct Elf64Rela {
     r_addend: i64,
 }
 
-unsafe extern "C" fn first_object(info: *mut libc::dl_phdr_info, _size: usize, out: *mut c_void) -> c_int {
+unsafe extern "C" fn first_object(
+    info: *mut libc::dl_phdr_info,
+    _size: usize,
+    out: *mut c_void,
+) -> c_int {
     // SAFETY: the loader passes a valid entry; `out` is the `Executable`
     // `read_executable` passed. The first entry is the executable.
     unsafe {
         let info = &*info;
         let exe = &mut *(out as *mut Executable);
         exe.bias = info.dlpi_addr as usize;
-        let phdrs = core::slice::from_raw_parts(info.dlpi_phdr as *const Elf64Phdr, info.dlpi_phnum as usize);
+        let phdrs = core::slice::from_raw_parts(
+            info.dlpi_phdr as *const Elf64Phdr,
+            info.dlpi_phnum as usize,
+        );
         let mut relro_end = 0usize;
         let mut dynamic = 0usize;
         let mut rw: Option<(usize, usize)> = None;
@@ -188,7 +195,8 @@ unsafe fn read_relocs(bias: usize, dynamic: *const [i64; 2]) -> Vec<RelocSym> {
             // name is a NUL-terminated string of its string table.
             let (name, size) = unsafe {
                 let s = &*(symtab as *const Elf64Sym).add(sym);
-                let name = core::ffi::CStr::from_ptr((strtab + s.st_name as usize) as *const c_char);
+                let name =
+                    core::ffi::CStr::from_ptr((strtab + s.st_name as usize) as *const c_char);
                 (name.to_string_lossy().into_owned(), s.st_size as usize)
             };
             out.push(RelocSym {
@@ -215,7 +223,9 @@ pub(crate) fn read_executable() -> Executable {
 impl Executable {
     /// Whether `addr` lies in the executable's loaded image.
     pub(crate) fn contains(&self, addr: usize) -> bool {
-        self.segments.iter().any(|&(lo, hi)| (lo..hi).contains(&addr))
+        self.segments
+            .iter()
+            .any(|&(lo, hi)| (lo..hi).contains(&addr))
     }
 
     /// Whether the executable calls OpenMP's runtime (a reference to a
@@ -247,6 +257,7 @@ pub(crate) fn adopt(dsm: &'static ProgramDsm) -> Result<(), Error> {
     }
     fix_environ(dsm, &exe)?;
     check_copies(dsm, &exe)?;
+    super::atomics::install(&exe)?;
     let Some((start, len)) = exe.data else {
         return Ok(());
     };

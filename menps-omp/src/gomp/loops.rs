@@ -210,7 +210,8 @@ fn pass_turn(lp: &LoopState) {
     }
     wait_turn(lp);
     let rt = rt();
-    rt.ring.fetch_add(rt.dsm, lp.seq, ORD, lp.ord_hi - lp.ord_lo);
+    rt.ring
+        .fetch_add(rt.dsm, lp.seq, ORD, lp.ord_hi - lp.ord_lo);
 }
 
 /// Waits until the ordered turn reaches this thread's chunk.
@@ -254,7 +255,11 @@ fn values(lp: &LoopState, lo: u64, hi: u64) -> (u64, u64) {
 
 /// The caller's team thread (a loop outside any region is a team of one).
 fn me(what: &str) -> &'static CThread {
-    current_thread().unwrap_or_else(|| die(&format!("{what} called outside the OpenMP program's threads")))
+    current_thread().unwrap_or_else(|| {
+        die(&format!(
+            "{what} called outside the OpenMP program's threads"
+        ))
+    })
 }
 
 /// Next chunk into `istart`/`iend`.
@@ -262,7 +267,12 @@ fn me(what: &str) -> &'static CThread {
 /// # Safety
 ///
 /// `istart` and `iend` are valid for writes (or null: nothing written).
-unsafe fn next_into<T: Copy>(ct: &CThread, istart: *mut T, iend: *mut T, conv: fn(u64) -> T) -> bool {
+unsafe fn next_into<T: Copy>(
+    ct: &CThread,
+    istart: *mut T,
+    iend: *mut T,
+    conv: fn(u64) -> T,
+) -> bool {
     match next_chunk(ct) {
         Some((lo, hi)) => {
             let (a, b) = values(&ct.lp.get(), lo, hi);
@@ -513,10 +523,14 @@ ull_runtime_loops! {
 /// loop entry points.
 fn plain_only(what: &str, reductions: *mut usize, mem: *mut *mut c_void) {
     if !reductions.is_null() {
-        die(&format!("{what} with task reductions (reduction(task/inscan)) is not supported"));
+        die(&format!(
+            "{what} with task reductions (reduction(task/inscan)) is not supported"
+        ));
     }
     if !mem.is_null() {
-        die(&format!("{what} with team memory (lastprivate(conditional:) or scan) is not supported"));
+        die(&format!(
+            "{what} with team memory (lastprivate(conditional:) or scan) is not supported"
+        ));
     }
 }
 
@@ -540,7 +554,18 @@ pub unsafe extern "C" fn GOMP_loop_start(
 ) -> bool {
     plain_only("GOMP_loop_start", reductions, mem);
     // SAFETY: forwarded.
-    unsafe { start_long("GOMP_loop_start", start, end, incr, schedule_code(sched, chunk), false, istart, iend) }
+    unsafe {
+        start_long(
+            "GOMP_loop_start",
+            start,
+            end,
+            incr,
+            schedule_code(sched, chunk),
+            false,
+            istart,
+            iend,
+        )
+    }
 }
 
 /// `GOMP_loop_ordered_start`: the generic ordered loop entry point.
@@ -563,7 +588,18 @@ pub unsafe extern "C" fn GOMP_loop_ordered_start(
 ) -> bool {
     plain_only("GOMP_loop_ordered_start", reductions, mem);
     // SAFETY: forwarded.
-    unsafe { start_long("GOMP_loop_ordered_start", start, end, incr, schedule_code(sched, chunk), true, istart, iend) }
+    unsafe {
+        start_long(
+            "GOMP_loop_ordered_start",
+            start,
+            end,
+            incr,
+            schedule_code(sched, chunk),
+            true,
+            istart,
+            iend,
+        )
+    }
 }
 
 /// `GOMP_loop_ull_start`.
@@ -588,7 +624,19 @@ pub unsafe extern "C" fn GOMP_loop_ull_start(
     plain_only("GOMP_loop_ull_start", reductions, mem);
     let s = schedule_code(sched, chunk.min(c_long::MAX as u64) as c_long);
     // SAFETY: forwarded.
-    unsafe { start_ull("GOMP_loop_ull_start", up, start, end, incr, s, false, istart, iend) }
+    unsafe {
+        start_ull(
+            "GOMP_loop_ull_start",
+            up,
+            start,
+            end,
+            incr,
+            s,
+            false,
+            istart,
+            iend,
+        )
+    }
 }
 
 /// `GOMP_loop_ull_ordered_start`.
@@ -613,7 +661,19 @@ pub unsafe extern "C" fn GOMP_loop_ull_ordered_start(
     plain_only("GOMP_loop_ull_ordered_start", reductions, mem);
     let s = schedule_code(sched, chunk.min(c_long::MAX as u64) as c_long);
     // SAFETY: forwarded.
-    unsafe { start_ull("GOMP_loop_ull_ordered_start", up, start, end, incr, s, true, istart, iend) }
+    unsafe {
+        start_ull(
+            "GOMP_loop_ull_ordered_start",
+            up,
+            start,
+            end,
+            incr,
+            s,
+            true,
+            istart,
+            iend,
+        )
+    }
 }
 
 /// `GOMP_loop_end`: this thread's part of the loop is done; the barrier.

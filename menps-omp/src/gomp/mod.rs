@@ -9,8 +9,9 @@
 //! [`parallel`], [`loops`] (loops, `ordered`, `sections`), [`sync`]
 //! (barrier, critical, atomic, single, locks), [`tasks`], [`api`]
 //! (`omp_*`), [`heap`] (the C heap in the DSM), [`image`] (the
-//! executable's globals in the DSM), [`unsupported`] (entry points that
-//! abort with their name).
+//! executable's globals in the DSM), [`atomics`] (the program's locked
+//! instructions on DSM memory), [`unsupported`] (entry points that abort
+//! with their name).
 //!
 //! # Per-thread state
 //!
@@ -25,6 +26,7 @@
 #![allow(unsafe_op_in_unsafe_fn)]
 
 pub mod api;
+pub mod atomics;
 pub mod heap;
 pub mod image;
 pub mod loops;
@@ -232,6 +234,7 @@ pub(crate) fn current_thread() -> Option<&'static CThread> {
 
 /// The runtime (a C program always runs inside it once `main` started).
 pub(crate) fn rt() -> &'static Runtime {
-    crate::runtime::runtime()
-        .unwrap_or_else(|| die("an OpenMP entry point was called before main started or after it ended"))
+    crate::runtime::runtime().unwrap_or_else(|| {
+        die("an OpenMP entry point was called before main started or after it ended")
+    })
 }

@@ -17,7 +17,10 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use menps_dsm::dsm::allocator::RuntimeGuard;
 use menps_dsm::dsm::team::TeamThread;
 
-use super::{CThread, LoopKind, LoopState, Region, Task, current_task, current_thread, die, enter_task, leave_task, rt};
+use super::{
+    CThread, LoopKind, LoopState, Region, Task, current_task, current_thread, die, enter_task,
+    leave_task, rt,
+};
 use crate::schedule::Schedule;
 
 /// An outlined region body.
@@ -30,7 +33,12 @@ pub type OutlinedFn = unsafe extern "C" fn(*mut c_void);
 ///
 /// Called by GCC's code with its outlined function and data.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn GOMP_parallel(f: OutlinedFn, data: *mut c_void, num_threads: c_uint, _flags: c_uint) {
+pub unsafe extern "C" fn GOMP_parallel(
+    f: OutlinedFn,
+    data: *mut c_void,
+    num_threads: c_uint,
+    _flags: c_uint,
+) {
     // SAFETY: forwarded.
     unsafe { parallel_region(f, data, num_threads, LoopState::default()) }
 }
@@ -41,7 +49,12 @@ pub unsafe extern "C" fn GOMP_parallel(f: OutlinedFn, data: *mut c_void, num_thr
 /// # Safety
 ///
 /// `f` and `data` are GCC's outlined function and its data.
-pub(crate) unsafe fn parallel_region(f: OutlinedFn, data: *mut c_void, num_threads: c_uint, preset: LoopState) {
+pub(crate) unsafe fn parallel_region(
+    f: OutlinedFn,
+    data: *mut c_void,
+    num_threads: c_uint,
+    preset: LoopState,
+) {
     let me = current_thread().unwrap_or_else(|| {
         die("a parallel region started outside the OpenMP program's threads (a thread the program created itself?)")
     });
@@ -51,7 +64,9 @@ pub(crate) unsafe fn parallel_region(f: OutlinedFn, data: *mut c_void, num_threa
     } else {
         me.nthreads_var.get()
     };
-    let is_main = current_task().is_some_and(|t| core::ptr::eq(t, &me.task)) && me.level == 0 && rt.dsm.rank() == 0;
+    let is_main = current_task().is_some_and(|t| core::ptr::eq(t, &me.task))
+        && me.level == 0
+        && rt.dsm.rank() == 0;
     if !is_main || n <= 1 {
         // SAFETY: forwarded.
         return unsafe { serial_region(me, f, data, preset) };
@@ -179,5 +194,7 @@ pub extern "C" fn GOMP_parallel_start(_f: OutlinedFn, _data: *mut c_void, _num_t
 /// `GOMP_parallel_end` (GCC before 4.9): not supported.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_parallel_end() {
-    die("GOMP_parallel_end (code from GCC before 4.9) is not supported: rebuild the program with a newer GCC")
+    die(
+        "GOMP_parallel_end (code from GCC before 4.9) is not supported: rebuild the program with a newer GCC",
+    )
 }

@@ -178,7 +178,17 @@ fn start(argc: c_int, argv: usize, envp: usize) -> Result<c_int, Error> {
     let _rt = RuntimeGuard::enter();
     ensure_bind_now(argv as *const *const c_char);
     let settings = Builder::new().settings()?;
-    let com: Com = menps_dsm::launch::Builder::new().nprocs(1).init_or_relaunch()?;
+    // A job of one process needs no launcher (nor address agreement).
+    let alone = std::env::var_os(menps_dsm::launch::env::RANK).is_none()
+        && !menps_dsm::launch::under_mpirun()
+        && env_size(menps_dsm::launch::env::NPROCS) <= 1;
+    let com: Com = if alone {
+        menps_dsm::com::AnyCom::Shm(menps_dsm::com::ShmCom::single()?)
+    } else {
+        menps_dsm::launch::Builder::new()
+            .nprocs(1)
+            .init_or_relaunch()?
+    };
     let rank = com.rank();
     if rank != 0 {
         match std::env::var(OUTPUT_VAR).as_deref().map(str::trim) {
@@ -267,7 +277,10 @@ fn run_main(settings: &Settings, argc: c_int, argv: usize, envp: usize) -> c_int
         t
     };
     let old = enter_task(&initial.task);
-    MAIN_TASK.store(&initial.task as *const super::Task as usize, Ordering::Relaxed);
+    MAIN_TASK.store(
+        &initial.task as *const super::Task as usize,
+        Ordering::Relaxed,
+    );
     // `argv` moves to memory every process can read (a region may be
     // given pointers into it).
     let argv = if rt.dsm.nprocs() > 1 {

@@ -361,7 +361,9 @@ pub extern "C" fn omp_set_nest_lock(lock: *mut c_void) {
 pub extern "C" fn omp_unset_nest_lock(lock: *mut c_void) {
     let (key, me) = (lock as u64, task_id());
     match nested_state(key) {
-        Some((owner, depth)) if owner == me && depth > 1 => set_nested_state(key, Some((me, depth - 1))),
+        Some((owner, depth)) if owner == me && depth > 1 => {
+            set_nested_state(key, Some((me, depth - 1)))
+        }
         Some((owner, _)) if owner == me => {
             set_nested_state(key, None);
             lock_release(lock, "omp_unset_nest_lock");

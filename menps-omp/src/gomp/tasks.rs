@@ -136,7 +136,10 @@ impl Job {
             unsafe {
                 std::alloc::dealloc(
                     args,
-                    Layout::from_size_align_unchecked(self.words[1] as usize, self.words[2] as usize),
+                    Layout::from_size_align_unchecked(
+                        self.words[1] as usize,
+                        self.words[2] as usize,
+                    ),
                 )
             };
         }

@@ -517,7 +517,10 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         // one thread more than the others.
         let (tpp, first) = if all {
             let (base, extra) = (threads / nprocs, threads % nprocs);
-            (base + usize::from(rank < extra), rank * base + rank.min(extra))
+            (
+                base + usize::from(rank < extra),
+                rank * base + rank.min(extra),
+            )
         } else {
             (threads, 0)
         };

@@ -1,7 +1,9 @@
-//! `menps`: starts a job of N processes of a program on this machine.
+//! `menps`: starts a job of N processes of a program on this machine; runs
+//! and builds OpenMP C programs on the libgomp replacement.
 //!
 //! ```text
 //! menps run -n 4 [--backend shm|mpi] [--prefix-output] [--grace-ms 2000] [--timeout SECS] -- ./prog args
+//! menps cc prog.c -o prog      # gcc -fopenmp, linked against libmenps_gomp.so
 //! ```
 //!
 //! The program joins the job with `menps_dsm::launch::init` (or
@@ -14,8 +16,11 @@ use std::time::Duration;
 
 use menps_dsm::launch::{self, JobConfig, Program};
 
+mod openmp;
+
 const USAGE: &str = "\
 usage: menps run -n N [options] [--] PROGRAM [ARGS...]
+       menps cc [GCC ARGS...]
 
 Starts N processes of PROGRAM as one menps job on this machine (shm backend,
 or mpirun with --backend mpi) and exits with their combined status: 0 if all exited with 0, otherwise the
@@ -32,7 +37,13 @@ options:
   --timeout SECS       kill the job after SECS seconds (exit status 124)
   -h, --help           this text
 
-environment: MENPS_NPROCS, MENPS_BACKEND, MENPS_PREFIX_OUTPUT, MENPS_GRACE_MS,
+A PROGRAM built with `gcc -fopenmp` (linked against libgomp) runs on
+libmenps_gomp.so, preloaded (MENPS_GOMP_LIB, default: next to menps): its
+team threads are user-level threads, and with N > 1 its memory is shared
+through the DSM. `menps cc` runs `gcc -fopenmp` (CC) linked against
+libmenps_gomp.so instead of libgomp.
+
+environment: MENPS_NPROCS, MENPS_BACKEND, MENPS_PREFIX_OUTPUT, MENPS_GRACE_MS, MENPS_GOMP_LIB,
 MENPS_TIMEOUT_SECS, MENPS_RING_BYTES, MENPS_COLL_CHUNK_BYTES (options win over
 the environment). Each process gets MENPS_RANK, MENPS_SIZE, MENPS_BACKEND,
 MENPS_CONTROL_FD, MENPS_PEER_FDS and MENPS_LAUNCHER_PID.";
@@ -51,6 +62,16 @@ fn main() -> ExitCode {
         }
         Some("run") => {
             args.remove(0);
+        }
+        Some("cc") => {
+            args.remove(0);
+            return match openmp::cc(args) {
+                Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+                Err(e) => {
+                    eprintln!("menps: {e}");
+                    ExitCode::from(2)
+                }
+            };
         }
         Some(other) => return fail(&format!("unknown command {other:?}")),
         None => return fail("missing command"),
@@ -116,6 +137,13 @@ fn main() -> ExitCode {
     };
     if let Err(e) = config.validate() {
         return fail(&e.to_string());
+    }
+    match openmp::preload_for(std::path::Path::new(&path)) {
+        // SAFETY: the launcher has no other threads yet; its processes
+        // inherit the variable.
+        Ok(Some(preload)) => unsafe { std::env::set_var("LD_PRELOAD", preload) },
+        Ok(None) => {}
+        Err(e) => return fail(&e),
     }
     let program = Program {
         path,
