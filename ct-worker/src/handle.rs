@@ -488,6 +488,9 @@ pub fn yield_now_in<C: Config>() {
     }
 }
 
+/// Runs a deferred job's closure inline (and frees its box, if any).
+type RunInline = unsafe fn(*const ()) -> thread::Result<()>;
+
 /// A task waiting in a worker's deque as a *job* ([`defer_in`]): an idle
 /// worker may steal it and start it as a user-level thread of its own; if
 /// nobody has when it is joined, the joiner runs it itself, on its own
@@ -502,7 +505,7 @@ pub fn yield_now_in<C: Config>() {
 pub struct Deferred<C: Config = DefaultConfig> {
     desc: NonNull<TaskDesc<C>>,
     /// Runs the closure at `data` inline (and frees its box, if any).
-    run_inline: unsafe fn(*const ()) -> thread::Result<()>,
+    run_inline: RunInline,
     data: *const (),
 }
 
@@ -522,11 +525,7 @@ where
     let desc = w.alloc_desc();
     let d = TaskRef::<C>::new(desc);
     let inline = size_of::<F>() <= crate::task::PACKET_BYTES && align_of::<F>() <= 16;
-    let (data, start, run_inline): (
-        *const (),
-        StartFn<C>,
-        unsafe fn(*const ()) -> thread::Result<()>,
-    ) = if inline {
+    let (data, start, run_inline): (*const (), StartFn<C>, RunInline) = if inline {
         let p = d.desc().packet_ptr().cast::<F>();
         // SAFETY: the packet of a fresh descriptor holds an `F` (checked
         // by `inline_packet`); it is moved out by whoever runs the job.

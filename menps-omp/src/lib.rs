@@ -106,6 +106,7 @@
 //! |---|---|---|
 //! | `OMP_NUM_THREADS` | threads of a team, all processes together (a multiple of the processes) | processes × (processors / processes) |
 //! | `OMP_SCHEDULE` | schedule of `Schedule::Runtime` loops (`static`, `dynamic,4`, `guided`, `auto`…) | `static` |
+//! | `OMP_WAIT_POLICY` | `active`: waiting threads yield longer before they sleep; `passive`: they sleep soon | in between |
 //! | `OMP_STACKSIZE` | call stack of a team thread (`512K`, `1M`; a bare number is KiB; at most 1 MiB) | 128 KiB |
 //! | `MENPS_NPROCS` | processes of a job started by [`run`] | [`Builder::processes`], else 1 |
 //! | `MENPS_DSM_*` | the DSM's settings (protocol, heap size, stacks per process …; see menps-dsm); programs of this runtime keep 16384 write notices (`MENPS_DSM_WN_LIST`) and at least 4 stacks per team thread of a process (`MENPS_DSM_STACKS`) unless told otherwise | |
@@ -124,8 +125,6 @@
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
 mod error;
-#[cfg(feature = "gomp")]
-pub mod gomp;
 mod loops;
 mod reduce;
 mod region;
@@ -145,11 +144,24 @@ pub use region::{
     Parallel, Thread, global_ptr, in_parallel, max_threads, num_processes, parallel, process_rank,
     schedule, set_num_threads, set_schedule, wtime,
 };
-pub use runtime::{Builder, NUM_THREADS_VAR, SCHEDULE_VAR, STACKSIZE_VAR, run};
+pub use runtime::{Builder, NUM_THREADS_VAR, SCHEDULE_VAR, STACKSIZE_VAR, WAIT_POLICY_VAR, run};
 pub use schedule::{Schedule, static_block};
 pub use shared::{SharedMut, SharedView, private};
 pub use stats::process_stats;
 pub use tasks::{TaskScope, task_scope};
+
+/// The runtime's internals that the libgomp interface (the `menps-gomp`
+/// package) builds on. Not a stable API.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::runtime::{
+        AfterDsm, Com, ProgramDsm, Runtime, Settings, StartHooks, run_in_job, runtime,
+    };
+    pub use crate::schedule::{guided_chunk, static_block};
+    pub use crate::sync::{Held, lock, name_key, unlock};
+    pub use crate::wait::Waiter;
+    pub use crate::worksharing::{LOCK_SLOTS, NEXT, ORD, WsRing};
+}
 
 /// A global variable in the DSM, declared with [`dsm_global!`].
 pub use menps_dsm::dsm::DsmGlobal;

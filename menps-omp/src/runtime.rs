@@ -12,13 +12,14 @@ use menps_dsm::dsm::{Dsm, DsmConfig};
 
 use crate::error::Error;
 use crate::schedule::Schedule;
+use crate::wait::WaitPolicy;
 use crate::worksharing::WsRing;
 
 /// The communicator of a program: the embedded `shm` backend, or MPI under
 /// `mpirun` (with the `mpi` feature).
-pub(crate) type Com = AnyCom<OsThreads>;
+pub type Com = AnyCom<OsThreads>;
 /// The DSM of a program.
-pub(crate) type ProgramDsm = Dsm<Com, OsThreads>;
+pub type ProgramDsm = Dsm<Com, OsThreads>;
 
 /// `OMP_NUM_THREADS`: threads of a team (all processes together).
 pub const NUM_THREADS_VAR: &str = "OMP_NUM_THREADS";
@@ -27,6 +28,10 @@ pub const SCHEDULE_VAR: &str = "OMP_SCHEDULE";
 /// `OMP_STACKSIZE`: the call stack of a team thread (OpenMP syntax: a
 /// number of KiB, or a number with a `B`, `K`, `M` or `G` suffix).
 pub const STACKSIZE_VAR: &str = "OMP_STACKSIZE";
+/// `OMP_WAIT_POLICY`: `active` (waiting threads stay awake longer, for
+/// the shortest waits) or `passive` (they sleep soon, leaving the
+/// processors to others).
+pub const WAIT_POLICY_VAR: &str = "OMP_WAIT_POLICY";
 
 /// Write notices a signature keeps in programs of this runtime (unless
 /// `MENPS_DSM_WN_LIST` says otherwise).
@@ -47,23 +52,31 @@ pub struct Builder {
 
 /// Settings after the environment.
 #[derive(Debug, Clone)]
-pub(crate) struct Settings {
+pub struct Settings {
+    /// Team size (`OMP_NUM_THREADS`), if set.
     pub num_threads: Option<usize>,
+    /// The run-time schedule (`OMP_SCHEDULE`).
     pub schedule: Schedule,
+    /// Team threads' stack size (`OMP_STACKSIZE`), if set.
     pub stack_size: Option<usize>,
+    /// `OMP_WAIT_POLICY`.
+    pub wait_policy: WaitPolicy,
 }
+
+/// A start-up step that runs collectively once the DSM exists.
+pub type AfterDsm = fn(&'static ProgramDsm) -> Result<(), Error>;
 
 /// What a kind of program adds to the start-up: the C programs of the
 /// libgomp interface adopt their executable's data and take more stacks.
 #[derive(Clone, Copy)]
-pub(crate) struct StartHooks {
+pub struct StartHooks {
     /// Call stacks per process at least, besides the team's.
     pub extra_stacks: usize,
     /// Whether a team size that is not a multiple of the processes is
     /// spread unevenly (C programs) instead of refused (Rust programs).
     pub uneven_teams: bool,
     /// Runs collectively once the DSM exists, before the team starts.
-    pub after_dsm: Option<fn(&'static ProgramDsm) -> Result<(), Error>>,
+    pub after_dsm: Option<AfterDsm>,
 }
 
 impl StartHooks {
@@ -110,7 +123,8 @@ impl Builder {
         self
     }
 
-    pub(crate) fn settings(&self) -> Result<Settings, Error> {
+    #[doc(hidden)]
+    pub fn settings(&self) -> Result<Settings, Error> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let num_threads = match self.num_threads {
             Some(n) => Some(n),
@@ -171,10 +185,19 @@ impl Builder {
                 }
             })
             .transpose()?;
+        let wait_policy = match var(WAIT_POLICY_VAR) {
+            Some(v) => WaitPolicy::parse(&v).ok_or_else(|| {
+                Error::Config(format!(
+                    "{WAIT_POLICY_VAR}={v:?}: expected active or passive"
+                ))
+            })?,
+            None => WaitPolicy::Default,
+        };
         Ok(Settings {
             num_threads,
             schedule,
             stack_size,
+            wait_policy,
         })
     }
 
@@ -243,7 +266,7 @@ fn parse_omp_stacksize(v: &str) -> Result<usize, Error> {
 }
 
 /// Runs the program in a job already joined.
-pub(crate) fn run_in_job<R: Send>(
+pub fn run_in_job<R: Send>(
     com: Com,
     s: &Settings,
     hooks: StartHooks,
@@ -263,6 +286,7 @@ pub(crate) fn run_in_job<R: Send>(
         None => nprocs * (cpus / nprocs).max(1),
     };
     let tpp = team_default.div_ceil(nprocs);
+    s.wait_policy.apply();
     let mut cfg = DsmConfig::default();
     if let Some(b) = s.stack_size {
         cfg.stack_size = b;
@@ -355,19 +379,22 @@ pub fn run<R: Send>(main: fn() -> R) -> Result<R, Error> {
 /// Where a team thread of this process publishes what a reduction combines
 /// (a pointer to its value, and one to where the result goes).
 #[derive(Debug, Default)]
-pub(crate) struct LocalSlot {
+pub struct LocalSlot {
     pub part: AtomicUsize,
     pub out: AtomicUsize,
 }
 
 /// A use of a `SharedMut` in this process: the slice's address, the use
 /// (a loop's region id and number, or views), the user-level thread.
-pub(crate) type MutLoop = (usize, (u64, u64), usize);
+pub type MutLoop = (usize, (u64, u64), usize);
 
 /// The runtime of this process while [`run`] runs.
-pub(crate) struct Runtime {
+pub struct Runtime {
+    /// The DSM.
     pub dsm: &'static ProgramDsm,
+    /// The team runtime (fork–join across processes).
     pub team: Team<'static, Com, OsThreads>,
+    /// The work-sharing counters.
     pub ring: WsRing,
     /// Team size of regions without `num_threads` (process 0).
     pub team_size: AtomicUsize,
@@ -389,7 +416,7 @@ pub(crate) struct Runtime {
 static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(core::ptr::null_mut());
 
 /// The runtime of this process, while [`run`] runs.
-pub(crate) fn runtime() -> Option<&'static Runtime> {
+pub fn runtime() -> Option<&'static Runtime> {
     let p = RUNTIME.load(Ordering::Acquire);
     // SAFETY: `run_with_dsm` publishes a pointer to its boxed runtime and
     // clears it before dropping the box; everything that reads it (team

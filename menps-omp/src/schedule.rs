@@ -67,7 +67,8 @@ impl Schedule {
 
     /// The schedule with `Runtime` and `Auto` replaced (by `runtime`, and
     /// by static blocks), chunk sizes of 0 raised to 1.
-    pub(crate) fn resolve(self, runtime: Schedule) -> Schedule {
+    #[doc(hidden)]
+    pub fn resolve(self, runtime: Schedule) -> Schedule {
         match self {
             Schedule::Runtime => runtime.resolve(Schedule::Static),
             Schedule::Auto => Schedule::Static,
@@ -79,7 +80,8 @@ impl Schedule {
     }
 
     /// Packs a resolved schedule into one word (sent with a region).
-    pub(crate) fn encode(self) -> u64 {
+    #[doc(hidden)]
+    pub fn encode(self) -> u64 {
         let (k, c) = match self {
             Schedule::Static => (0, 0),
             Schedule::StaticChunk(c) => (1, c),
@@ -92,7 +94,8 @@ impl Schedule {
     }
 
     /// Inverse of [`Schedule::encode`].
-    pub(crate) fn decode(w: u64) -> Schedule {
+    #[doc(hidden)]
+    pub fn decode(w: u64) -> Schedule {
         let c = (w & ((1 << 56) - 1)) as usize;
         match w >> 56 {
             1 => Schedule::StaticChunk(c),
@@ -137,7 +140,7 @@ pub fn static_block(range: Range<usize>, tid: usize, n: usize) -> Range<usize> {
 }
 
 /// Guided chunk for `remaining` iterations and `n` threads, at least `min`.
-pub(crate) fn guided_chunk(remaining: usize, n: usize, min: usize) -> usize {
+pub fn guided_chunk(remaining: usize, n: usize, min: usize) -> usize {
     remaining.div_ceil(n).max(min).min(remaining)
 }
 

@@ -22,7 +22,7 @@ use crate::runtime::{Com, Runtime, expect_runtime};
 
 /// Key of the critical section called `name` (FNV-1a, with a tag that
 /// keeps it apart from address keys).
-pub(crate) fn name_key(name: &str) -> u64 {
+pub fn name_key(name: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in b"menps-omp critical:".iter().chain(name.as_bytes()) {
         h ^= u64::from(*b);
@@ -33,15 +33,17 @@ pub(crate) fn name_key(name: &str) -> u64 {
 }
 
 /// A held DSM mutex of the program.
-pub(crate) type Held = DsmMutexGuard<'static, Com, OsThreads>;
+pub type Held = DsmMutexGuard<'static, Com, OsThreads>;
 
-pub(crate) fn lock(rt: &'static Runtime, key: u64, what: &str) -> Held {
+/// Locks the DSM mutex of `key` (a DSM failure is fatal: `what` names it).
+pub fn lock(rt: &'static Runtime, key: u64, what: &str) -> Held {
     let _g = RuntimeGuard::enter();
     let m = rt.dsm.mutex_for_key(key).unwrap_or_else(|e| fail(what, e));
     rt.dsm.lock(m).unwrap_or_else(|e| fail(what, e))
 }
 
-pub(crate) fn unlock(held: Held, what: &str) {
+/// Unlocks a mutex [`lock`] locked.
+pub fn unlock(held: Held, what: &str) {
     let _g = RuntimeGuard::enter();
     held.unlock().unwrap_or_else(|e| fail(what, e));
 }

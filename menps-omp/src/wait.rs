@@ -3,24 +3,60 @@
 //! this worker run meanwhile) and then the processor (another process may
 //! need it), sleeping briefly once the wait is long.
 
+use core::sync::atomic::{AtomicU32, Ordering};
 use core::time::Duration;
 
 use ct_sync::Backoff;
 use menps_dsm::dsm::team::TeamConfig;
 
-/// Rounds of yielding before a wait starts to sleep.
-const YIELDS_BEFORE_SLEEP: u32 = 256;
+/// Rounds of yielding before a wait starts to sleep: `OMP_WAIT_POLICY`
+/// (`active`: long, `passive`: short; default in between).
+static YIELDS_BEFORE_SLEEP: AtomicU32 = AtomicU32::new(DEFAULT_YIELDS);
+const DEFAULT_YIELDS: u32 = 256;
+
+/// `OMP_WAIT_POLICY`: how long waiting threads stay awake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitPolicy {
+    /// Keep yielding long before sleeping (`active`).
+    Active,
+    /// Sleep soon (`passive`).
+    Passive,
+    /// The default.
+    Default,
+}
+
+impl WaitPolicy {
+    /// Parses `OMP_WAIT_POLICY` (`active` or `passive`, any case).
+    pub(crate) fn parse(v: &str) -> Option<WaitPolicy> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "active" => Some(WaitPolicy::Active),
+            "passive" => Some(WaitPolicy::Passive),
+            _ => None,
+        }
+    }
+
+    /// Makes every later wait of this process follow the policy.
+    pub(crate) fn apply(self) {
+        let yields = match self {
+            WaitPolicy::Active => 16 * DEFAULT_YIELDS,
+            WaitPolicy::Passive => 8,
+            WaitPolicy::Default => DEFAULT_YIELDS,
+        };
+        YIELDS_BEFORE_SLEEP.store(yields, Ordering::Relaxed);
+    }
+}
 /// Longest sleep of a waiting thread.
 const MAX_SLEEP: Duration = Duration::from_micros(200);
 
 /// One wait loop's state.
 #[derive(Debug, Default)]
-pub(crate) struct Waiter {
+pub struct Waiter {
     backoff: Backoff,
     rounds: u32,
 }
 
 impl Waiter {
+    /// A fresh wait.
     pub fn new() -> Self {
         Self::default()
     }
@@ -28,13 +64,14 @@ impl Waiter {
     /// One round of waiting.
     pub fn wait(&mut self) {
         let rounds = &mut self.rounds;
+        let awake = YIELDS_BEFORE_SLEEP.load(Ordering::Relaxed);
         self.backoff.snooze(|| {
             *rounds += 1;
             ct_worker::yield_now_in::<TeamConfig>();
-            if *rounds < YIELDS_BEFORE_SLEEP {
+            if *rounds < awake {
                 std::thread::yield_now();
             } else {
-                let us = 1u64 << ((*rounds - YIELDS_BEFORE_SLEEP) / 16).min(8);
+                let us = 1u64 << ((*rounds - awake) / 16).min(8);
                 std::thread::sleep(Duration::from_micros(us).min(MAX_SLEEP));
             }
         });

@@ -25,22 +25,24 @@ use crate::wait::Waiter;
 
 /// Slots of the ring: how far a thread may run ahead through `nowait`
 /// constructs before it waits for the slowest.
-pub(crate) const SLOTS: u64 = 64;
+pub const SLOTS: u64 = 64;
 const WORDS: u64 = 4;
 const ROUND: u64 = 0;
-pub(crate) const NEXT: u64 = 1;
+/// Word of a slot: the next iteration (or `single` arrival) to hand out.
+pub const NEXT: u64 = 1;
 const DONE: u64 = 2;
-pub(crate) const ORD: u64 = 3;
+/// Word of a slot: the ordered turn (or a `copyprivate` pointer).
+pub const ORD: u64 = 3;
 
 /// Entries of the table of lock words (the libgomp interface's
 /// `omp_test_lock`): an entry's words are its key + 1 and whether the lock
 /// is held.
-pub(crate) const LOCK_SLOTS: u64 = 4096;
+pub const LOCK_SLOTS: u64 = 4096;
 const LOCK_WORDS: u64 = 2;
 
 /// The counters of a team (one window, homed at process 0).
 #[derive(Debug)]
-pub(crate) struct WsRing {
+pub struct WsRing {
     win: WindowId,
 }
 

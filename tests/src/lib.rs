@@ -23,8 +23,10 @@
 //! `sync_constructs` (critical, atomic, single, copyprivate, master,
 //! barrier), `sections_ordered`, `locks`, `tasks`, `queries` (the `omp_*`
 //! routines), `exit_call` (`exit(0)` from main), `exit_status` (main
-//! returns 3), `cg_kernel` (a verified CG solve and matrix product) and
-//! `unsupported_cancel` (needs `GOMP_cancel`). `tests/harness.rs` tests
+//! returns 3), `cg_kernel` (a verified CG solve and matrix product),
+//! `cancel_disabled` (`cancel for` with cancellation off; refused with
+//! `OMP_CANCELLATION=true`) and `unsupported_doacross` (needs entry
+//! points our runtime does not offer: it must abort naming one). `tests/harness.rs` tests
 //! the harness itself (time limit, leftover processes).
 //!
 //! Run them with `cargo test -p tests`. Our library and the launcher are
@@ -40,7 +42,7 @@
 //! (the machine may have few cores); compilations are not.
 
 use std::collections::BTreeMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -139,33 +141,39 @@ pub fn compile(out_dir: &Path, name: &str, variant: &str) -> PathBuf {
     gcc(&c_source(name), &out_dir.join("c-programs").join(file), &[])
 }
 
-/// Compiles `tests/c/<name>.c` linked against our library instead of
-/// libgomp, into `<out_dir>/c-programs/<name>-linked`:
+/// Compiles `tests/c/<name>.c` with `menps cc` — `gcc -fopenmp` linked
+/// against our library instead of libgomp — into
+/// `<out_dir>/c-programs/<name>-linked`:
 ///
 /// ```text
-/// gcc -fopenmp -O2 -o <out> <name>.c -L<libdir> -Wl,-rpath,<libdir> -lmenps_gomp -Wl,--as-needed -lm
+/// <profile>/menps cc -O2 -o <out> <name>.c -lm
 /// ```
 ///
-/// `-lmenps_gomp` comes before the `-lgomp` that `-fopenmp` appends, so
-/// every `GOMP_*`/`omp_*` symbol binds to our library and `--as-needed`
-/// drops libgomp. Panics if our library is missing.
+/// Panics if the launcher or our library is missing, or if compiling
+/// fails.
 pub fn compile_linked_to_ours(out_dir: &Path, name: &str) -> PathBuf {
     let lib = our_library();
-    let lib_dir = lib.parent().expect("library has a directory");
-    let mut search = OsString::from("-L");
-    search.push(lib_dir);
-    let mut rpath = OsString::from("-Wl,-rpath,");
-    rpath.push(lib_dir);
-    gcc(
-        &c_source(name),
-        &out_dir.join("c-programs").join(format!("{name}-linked")),
-        &[
-            &search,
-            &rpath,
-            OsStr::new("-lmenps_gomp"),
-            OsStr::new("-Wl,--as-needed"),
-        ],
-    )
+    let out = out_dir.join("c-programs").join(format!("{name}-linked"));
+    let dir = out.parent().expect("output has a directory");
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+    let mut cmd = Command::new(menps_launcher());
+    cmd.args(["cc", "-O2", "-o"])
+        .arg(&tmp)
+        .arg(c_source(name))
+        .arg("-lm")
+        .env("MENPS_GOMP_LIB", &lib);
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run menps cc ({e})"));
+    assert!(
+        output.status.success(),
+        "menps cc {name}.c failed ({cmd:?}):\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    std::fs::rename(&tmp, &out)
+        .unwrap_or_else(|e| panic!("rename {} -> {}: {e}", tmp.display(), out.display()));
+    out
 }
 
 /// The shared libraries a program needs (`DT_NEEDED`, via `readelf -d`).
@@ -532,9 +540,21 @@ pub fn run_libgomp(program: &Path, args: &[&str], threads: usize) -> Run {
 /// program start that many copies of itself.) Panics if the library is
 /// missing.
 pub fn run_ours(program: &Path, args: &[&str], processes: usize, threads: usize) -> Run {
+    run_ours_env(program, args, processes, threads, &[])
+}
+
+/// [`run_ours`] with extra environment variables.
+pub fn run_ours_env(
+    program: &Path,
+    args: &[&str],
+    processes: usize,
+    threads: usize,
+    env: &[(&str, &str)],
+) -> Run {
     let lib = our_library();
     let mut cmd = clean_command(program);
     cmd.args(args)
+        .envs(env.iter().copied())
         .env("LD_PRELOAD", &lib)
         .env("OMP_NUM_THREADS", (processes * threads).to_string())
         .env("MENPS_TIMEOUT_SECS", OURS_TIMEOUT_SECS.to_string());
@@ -562,26 +582,23 @@ pub fn run_ours_linked(program: &Path, args: &[&str], processes: usize, threads:
 }
 
 /// Runs `program args` (built against libgomp) with our runtime under the
-/// stand-alone launcher:
+/// stand-alone launcher, which preloads the runtime into the job's
+/// processes itself:
 ///
 /// ```text
-/// OMP_NUM_THREADS=<processes*threads> MENPS_TIMEOUT_SECS=60 \
-///     <profile>/menps run -n <processes> -- /usr/bin/env LD_PRELOAD=<libmenps_gomp.so> program args
+/// OMP_NUM_THREADS=<processes*threads> MENPS_TIMEOUT_SECS=60 MENPS_GOMP_LIB=<libmenps_gomp.so> \
+///     <profile>/menps run -n <processes> -- program args
 /// ```
 ///
-/// `LD_PRELOAD` is set by `env` inside each job process rather than on the
-/// launcher, so the launcher itself does not load the runtime. Panics if
-/// the launcher or the library is missing.
+/// Panics if the launcher or the library is missing.
 pub fn run_ours_launcher(program: &Path, args: &[&str], processes: usize, threads: usize) -> Run {
     let lib = our_library();
     let launcher = menps_launcher();
-    let mut preload = OsString::from("LD_PRELOAD=");
-    preload.push(&lib);
     let mut cmd = clean_command(launcher);
-    cmd.args(["run", "-n", &processes.to_string(), "--", "/usr/bin/env"])
-        .arg(preload)
+    cmd.args(["run", "-n", &processes.to_string(), "--"])
         .arg(program)
         .args(args)
+        .env("MENPS_GOMP_LIB", &lib)
         .env("OMP_NUM_THREADS", (processes * threads).to_string())
         .env("MENPS_TIMEOUT_SECS", OURS_TIMEOUT_SECS.to_string());
     run_command(cmd)

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tests::{
     all_programs, assert_same_as_reference, check_program, compile, compile_linked_to_ours,
-    libgomp_reference, needed_libraries, run_ours, run_ours_launcher, run_ours_linked,
+    libgomp_reference, needed_libraries, run_ours_env, run_ours_launcher, run_ours_linked,
     undefined_symbols,
 };
 
@@ -44,8 +44,9 @@ const TESTED: &[&str] = &[
     "reductions",
     "sections_ordered",
     "sync_constructs",
+    "cancel_disabled",
     "tasks",
-    "unsupported_cancel",
+    "unsupported_doacross",
 ];
 
 #[test]
@@ -116,36 +117,61 @@ fn exit_status() {
     check("exit_status", 3);
 }
 
-/// A program needing cancellation (`GOMP_cancel`): fine with libgomp
-/// (cancellation disabled), but our runtime must refuse it: a failed run
-/// whose stderr names the missing entry point.
+/// `cancel for` with cancellation off (the default): the construct does
+/// nothing, as with libgomp.
 #[test]
-fn unsupported_cancel() {
-    let program = compile(out_dir(), "unsupported_cancel", "");
-    libgomp_reference(&program, 0);
-    let cancel: Vec<String> = undefined_symbols(&program)
+fn cancel_disabled() {
+    check("cancel_disabled", 0);
+}
+
+/// Asks our runtime for something it does not offer; the run must fail
+/// with stderr naming one of `wanted` (entry points the program needs,
+/// from `nm -u`, filtered by `pick`).
+fn assert_refused(program: &Path, env: &[(&str, &str)], pick: impl Fn(&str) -> bool) {
+    let wanted: Vec<String> = undefined_symbols(program)
         .into_iter()
-        .filter(|s| s.starts_with("GOMP_") && s.contains("cancel"))
+        .filter(|s| pick(s))
         .collect();
     assert!(
-        !cancel.is_empty(),
-        "the program needs no GOMP_*cancel* entry point (nm -u)"
+        !wanted.is_empty(),
+        "the program needs none of the entry points (nm -u)"
     );
-    let run = run_ours(&program, &[], 1, 2);
+    let run = run_ours_env(program, &[], 1, 2, env);
     assert!(
         !run.status.success(),
-        "our runtime ran a program needing {cancel:?}\n{}",
+        "our runtime ran a program needing {wanted:?}\n{}",
         run.report()
     );
     assert!(
-        cancel.iter().any(|s| run.stderr.contains(s.as_str())),
-        "stderr does not name the unsupported entry point (one of {cancel:?})\n{}",
+        wanted.iter().any(|s| run.stderr.contains(s.as_str())),
+        "stderr does not name the unsupported entry point (one of {wanted:?})\n{}",
         run.report()
     );
 }
 
-/// The stand-alone launcher: `menps run -n 2` of a program preloading our
-/// runtime, 2 processes × 1 thread.
+/// With `OMP_CANCELLATION=true`, our runtime (which cannot cancel) refuses
+/// the `cancel` construct, naming `GOMP_cancel`.
+#[test]
+fn cancellation_requested_is_refused() {
+    let program = compile(out_dir(), "cancel_disabled", "requested");
+    assert_refused(&program, &[("OMP_CANCELLATION", "true")], |s| {
+        s == "GOMP_cancel"
+    });
+}
+
+/// A doacross loop: fine with libgomp; our runtime aborts naming the
+/// unsupported entry point.
+#[test]
+fn unsupported_doacross() {
+    let program = compile(out_dir(), "unsupported_doacross", "");
+    libgomp_reference(&program, 0);
+    assert_refused(&program, &[], |s| {
+        s.starts_with("GOMP_") && s.contains("doacross")
+    });
+}
+
+/// The stand-alone launcher: `menps run -n 2` of a program built against
+/// libgomp (the launcher preloads our runtime), 2 processes × 1 thread.
 #[test]
 fn launcher_menps_run() {
     let program = compile(out_dir(), "data_sharing", "launcher");
@@ -155,8 +181,8 @@ fn launcher_menps_run() {
     print_times("launcher_menps_run", &[("ours 2x1".into(), run.elapsed)]);
 }
 
-/// A program linked against our library instead of libgomp (no
-/// `LD_PRELOAD`), on 1×2 and 2×2.
+/// A program built with `menps cc` (linked against our library instead of
+/// libgomp, no `LD_PRELOAD`), on 1×2 and 2×2.
 #[test]
 fn linked_against_ours() {
     let name = "loop_schedules";

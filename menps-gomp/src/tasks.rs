@@ -29,7 +29,7 @@ use ct_worker::Deferred;
 use menps_dsm::dsm::allocator::RuntimeGuard;
 use menps_dsm::dsm::team::TeamConfig;
 
-use super::{Task, current_task, die, enter_task, leave_task};
+use crate::{Task, current_task, die, enter_task, leave_task};
 
 /// A child task not joined yet: a job in its creator's deque (or a thread,
 /// if an idle worker stole it).
@@ -58,7 +58,7 @@ const META_HEAP: u64 = 2;
 /// (inline, or a private buffer of `[pointer, size, align]`).
 struct Job {
     f: TaskFn,
-    thread: *const super::CThread,
+    thread: *const crate::CThread,
     words: [u64; INLINE_WORDS],
     meta: u64,
 }
@@ -77,7 +77,7 @@ impl Job {
     /// `data` holds the arguments GCC prepared (`size` bytes).
     unsafe fn new(
         f: TaskFn,
-        thread: *const super::CThread,
+        thread: *const crate::CThread,
         data: *mut c_void,
         copy: Option<CopyFn>,
         size: usize,
@@ -187,7 +187,7 @@ pub unsafe extern "C" fn GOMP_task(
         return job.run();
     }
     // The scheduler's own allocations stay out of the DSM heap.
-    let _private = super::heap::private_allocations();
+    let _private = crate::heap::private_allocations();
     match ct_worker::defer_in::<TeamConfig, _>(move || job.run()) {
         // SAFETY: only the task's own code touches its children.
         Some(d) => unsafe { (*parent.children.get()).push(Child(d)) },

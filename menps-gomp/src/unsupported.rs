@@ -9,7 +9,7 @@ macro_rules! unsupported {
         #[doc = concat!("`", stringify!($name), "`: not supported; aborts with its name.")]
         #[unsafe(no_mangle)]
         pub extern "C" fn $name() -> ! {
-            super::die(concat!(
+            crate::die(concat!(
                 stringify!($name),
                 " is not supported by this OpenMP runtime (menps-gomp)"
             ))

@@ -1,17 +1,17 @@
 //! The `omp_*` API: team and thread queries, the ICVs a program may set
 //! (`nthreads-var`, `run-sched-var`, `dyn-var`, `max-active-levels-var`),
-//! time. Locks are in [`super::sync`], `omp_in_final` in [`super::tasks`].
+//! time. Locks are in [`crate::sync`], `omp_in_final` in [`crate::tasks`].
 
 use core::ffi::{c_double, c_int};
 use core::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
-use super::{CThread, current_thread};
-use crate::schedule::Schedule;
+use crate::{CThread, current_thread};
+use menps_omp::Schedule;
 
 /// Threads the job's processors give: the default team size.
 fn processors() -> usize {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let nprocs = crate::region::num_processes();
+    let nprocs = menps_omp::num_processes();
     nprocs * (cpus / nprocs).max(1)
 }
 

@@ -16,11 +16,12 @@
 
 use core::ffi::{c_long, c_uint, c_ulonglong, c_void};
 
-use super::parallel::{OutlinedFn, parallel_region};
-use super::{CThread, LoopKind, LoopState, current_thread, die, rt};
-use crate::schedule::{Schedule, guided_chunk, static_block};
-use crate::wait::Waiter;
-use crate::worksharing::{NEXT, ORD};
+use crate::parallel::{OutlinedFn, parallel_region};
+use crate::{CThread, LoopKind, LoopState, current_thread, die, rt};
+use menps_omp::Schedule;
+use menps_omp::internals::Waiter;
+use menps_omp::internals::{NEXT, ORD};
+use menps_omp::internals::{guided_chunk, static_block};
 
 /// A loop as GCC describes it, counted.
 #[derive(Debug, Clone, Copy)]
@@ -53,14 +54,14 @@ pub(crate) fn spec_long(start: c_long, end: c_long, incr: c_long) -> Spec {
 pub(crate) fn spec_ull(up: bool, start: u64, end: u64, incr: u64) -> Spec {
     let n = if up {
         if end > start && incr != 0 {
-            (u128::from(end - start) + u128::from(incr) - 1) / u128::from(incr)
+            u128::from(end - start).div_ceil(u128::from(incr))
         } else {
             0
         }
     } else {
         let step = incr.wrapping_neg();
         if start > end && step != 0 {
-            (u128::from(start - end) + u128::from(step) - 1) / u128::from(step)
+            u128::from(start - end).div_ceil(u128::from(step))
         } else {
             0
         }
@@ -163,7 +164,7 @@ pub(crate) fn next_chunk(ct: &CThread) -> Option<(u64, u64)> {
         LoopKind::Dynamic if !lp.shared => {
             let k = lp.next_static;
             lp.next_static = k.saturating_add(lp.chunk).min(n);
-            (k < n).then(|| (k, lp.next_static))
+            (k < n).then_some((k, lp.next_static))
         }
         LoopKind::Dynamic => {
             let rt = rt();
@@ -174,7 +175,7 @@ pub(crate) fn next_chunk(ct: &CThread) -> Option<(u64, u64)> {
             let k = lp.next_static;
             let c = guided_chunk((n - k.min(n)) as usize, 1, lp.chunk as usize) as u64;
             lp.next_static = (k + c).min(n);
-            (k < n).then(|| (k, lp.next_static))
+            (k < n).then_some((k, lp.next_static))
         }
         LoopKind::Guided => {
             let rt = rt();
@@ -238,7 +239,7 @@ pub(crate) fn end(ct: &CThread, nowait: bool) {
     }
     ct.lp.set(LoopState::default());
     if !nowait {
-        super::sync::team_barrier(ct);
+        crate::sync::team_barrier(ct);
     }
 }
 
@@ -298,6 +299,7 @@ fn to_ull(v: u64) -> c_ulonglong {
 }
 
 /// Starts a `long` loop and takes the first chunk.
+#[allow(clippy::too_many_arguments)]
 unsafe fn start_long(
     what: &str,
     start: c_long,
@@ -708,7 +710,7 @@ pub extern "C" fn GOMP_ordered_start() {
         wait_turn(&lp);
         // What earlier ordered parts wrote comes with the lock (processes).
         if rt().dsm.nprocs() > 1 {
-            super::sync::hold(super::sync::ORDERED_KEY, "ordered");
+            crate::sync::hold(crate::sync::ORDERED_KEY, "ordered");
         }
     }
 }
@@ -718,7 +720,7 @@ pub extern "C" fn GOMP_ordered_start() {
 pub extern "C" fn GOMP_ordered_end() {
     let ct = me("GOMP_ordered_end");
     if ct.lp.get().shared && rt().dsm.nprocs() > 1 {
-        super::sync::release(super::sync::ORDERED_KEY, "ordered");
+        crate::sync::release(crate::sync::ORDERED_KEY, "ordered");
     }
 }
 

@@ -33,8 +33,8 @@ use std::sync::OnceLock;
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 use menps_dsm::dsm::allocator::RuntimeGuard;
 
-use super::die;
-use crate::error::Error;
+use crate::die;
+use menps_omp::Error;
 
 /// A patched instruction.
 struct Patch {
@@ -83,7 +83,7 @@ fn is_locked_rmw(i: &Instruction) -> bool {
 
 /// Finds and patches the executable's locked instructions, and installs
 /// the breakpoint handler (every process of a job of several).
-pub(crate) fn install(exe: &super::image::Executable) -> Result<(), Error> {
+pub(crate) fn install(exe: &crate::image::Executable) -> Result<(), Error> {
     let Some((text, size)) = text_section(exe.bias) else {
         return Err(Error::Config(
             "cannot find the executable's .text section (to handle its locked instructions)".into(),
@@ -274,7 +274,7 @@ fn szp(r: u64, bits: u32) -> u64 {
     if (r >> (bits - 1)) & 1 == 1 {
         f |= SF;
     }
-    if (r as u8).count_ones() % 2 == 0 {
+    if (r as u8).count_ones().is_multiple_of(2) {
         f |= PF;
     }
     f
@@ -511,7 +511,7 @@ fn emulate(uc: *mut libc::ucontext_t, patch: &Patch) {
     let field_mask = mask(bits) << shift;
     let field = |w: u64| (w & field_mask) >> shift;
     let put = |w: u64, v: u64| (w & !field_mask) | ((v << shift) & field_mask);
-    let rt = crate::runtime::runtime();
+    let rt = menps_omp::internals::runtime();
     let dsm = rt
         .filter(|rt| rt.dsm.block_state(word as *const u8).is_some())
         .map(|rt| rt.dsm);

@@ -14,12 +14,12 @@ use std::sync::Mutex;
 
 use menps_dsm::dsm::allocator::RuntimeGuard;
 
-use super::{CThread, current_task, current_thread, die, rt};
-use crate::sync::{Held, lock, name_key, unlock};
-use crate::worksharing::{LOCK_SLOTS, NEXT, ORD};
+use crate::{CThread, current_task, current_thread, die, rt};
+use menps_omp::internals::{Held, lock, name_key, unlock};
+use menps_omp::internals::{LOCK_SLOTS, NEXT, ORD};
 
 /// Key of the mutex of ordered parts.
-pub(crate) const ORDERED_KEY: u64 = 1 << 62 | 0x6f72_6465_7265_64;
+pub(crate) const ORDERED_KEY: u64 = (1 << 62) | 0x006f_7264_6572_6564;
 
 /// Held DSM mutexes of this process, by key.
 static HELD: Mutex<Option<HashMap<u64, Held>>> = Mutex::new(None);
@@ -56,9 +56,9 @@ pub(crate) fn release(key: u64, what: &str) {
 /// The team barrier of `ct`: its tasks complete first, as every task of
 /// the team must at a barrier.
 pub(crate) fn team_barrier(ct: &CThread) {
-    super::tasks::wait_children(&ct.task);
+    crate::tasks::wait_children(&ct.task);
     if let Some(tt) = ct.team() {
-        super::start::flush_output();
+        crate::start::flush_output();
         tt.barrier()
             .unwrap_or_else(|e| die(&format!("team barrier: {e}")));
     }
@@ -312,7 +312,7 @@ static NESTED: Mutex<Option<HashMap<u64, (usize, c_int)>>> = Mutex::new(None);
 
 /// The identity of the running task (a nested lock's owner).
 fn task_id() -> usize {
-    current_task().map_or(1, |t| t as *const super::Task as usize)
+    current_task().map_or(1, |t| t as *const crate::Task as usize)
 }
 
 /// The nested lock at `key`: (owner, depth), if held in this process.

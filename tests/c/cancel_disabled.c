@@ -1,8 +1,8 @@
 /* Uses cancellation (`cancel for`, GOMP_cancel and the cancellable loop
- * end). Without OMP_CANCELLATION, libgomp ignores the cancel and the loop
- * runs to completion, which is what this program checks. A runtime
- * without cancellation must refuse it loudly instead (the tests expect a
- * non-zero exit and the entry point's name on stderr). */
+ * end). Without OMP_CANCELLATION (the default), the cancel construct does
+ * nothing and the loop runs to completion, which is what this program
+ * checks. With OMP_CANCELLATION=true, a runtime that cannot cancel must
+ * refuse loudly (the tests expect a non-zero exit naming GOMP_cancel). */
 #include <omp.h>
 
 #include "check.h"

@@ -24,8 +24,8 @@ use core::ffi::{c_char, c_int, c_void};
 use menps_dsm::com::Coll;
 use menps_dsm::dsm::allocator::RuntimeGuard;
 
-use crate::error::Error;
-use crate::runtime::ProgramDsm;
+use menps_omp::Error;
+use menps_omp::internals::ProgramDsm;
 
 const PAGE: usize = 4096;
 const PT_LOAD: u32 = 1;
@@ -257,7 +257,7 @@ pub(crate) fn adopt(dsm: &'static ProgramDsm) -> Result<(), Error> {
     }
     fix_environ(dsm, &exe)?;
     check_copies(dsm, &exe)?;
-    super::atomics::install(&exe)?;
+    crate::atomics::install(&exe)?;
     let Some((start, len)) = exe.data else {
         return Ok(());
     };

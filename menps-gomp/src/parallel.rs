@@ -17,11 +17,11 @@ use core::sync::atomic::{AtomicU64, Ordering};
 use menps_dsm::dsm::allocator::RuntimeGuard;
 use menps_dsm::dsm::team::TeamThread;
 
-use super::{
+use crate::{
     CThread, LoopKind, LoopState, Region, Task, current_task, current_thread, die, enter_task,
     leave_task, rt,
 };
-use crate::schedule::Schedule;
+use menps_omp::Schedule;
 
 /// An outlined region body.
 pub type OutlinedFn = unsafe extern "C" fn(*mut c_void);
@@ -83,7 +83,7 @@ pub(crate) unsafe fn parallel_region(
         nthreads_var: me.nthreads_var.get(),
     };
     rt.next_region.fetch_add(1, Ordering::Relaxed);
-    super::start::flush_output();
+    crate::start::flush_output();
     // SAFETY: `region` lives in this frame (DSM memory: `main` runs on a DSM
     // stack) until the fork returns; `team_thread` reads it as a `Region`.
     unsafe {
@@ -108,11 +108,12 @@ unsafe fn team_thread(tt: &TeamThread<'_>, data: *mut u8) {
         let _rt = RuntimeGuard::enter();
         // SAFETY: the team thread outlives this state (dropped below, before
         // the fork's thread ends); only its lifetime is erased.
+        let (thread_num, num_threads) = (tt.thread_num(), tt.num_threads());
         let tt: NonNull<TeamThread<'static>> = NonNull::from(tt).cast();
         let ct = Box::new(CThread {
             tt: Some(tt),
-            thread_num: unsafe { tt.as_ref() }.thread_num(),
-            num_threads: unsafe { tt.as_ref() }.num_threads(),
+            thread_num,
+            num_threads,
             level: region.level,
             active_level: region.active_level,
             parent: None,
@@ -128,7 +129,7 @@ unsafe fn team_thread(tt: &TeamThread<'_>, data: *mut u8) {
     };
     // SAFETY: forwarded from `parallel_region`.
     unsafe { run_body(&ct, region.fn_, region.data, region.preset) };
-    super::start::flush_output();
+    crate::start::flush_output();
     if ct.thread_num == 0 {
         region.seq_end.store(ct.seq.get(), Ordering::Relaxed);
     }
@@ -144,14 +145,14 @@ unsafe fn team_thread(tt: &TeamThread<'_>, data: *mut u8) {
 unsafe fn run_body(ct: &CThread, f: usize, data: usize, preset: LoopState) {
     let old = enter_task(&ct.task);
     if preset.kind != LoopKind::None {
-        super::loops::begin(ct, preset);
+        crate::loops::begin(ct, preset);
     }
     // SAFETY: GCC's outlined function and data (the caller's contract).
     unsafe {
         let f: OutlinedFn = core::mem::transmute::<usize, OutlinedFn>(f);
         f(data as *mut c_void);
     }
-    super::tasks::wait_children(&ct.task);
+    crate::tasks::wait_children(&ct.task);
     leave_task(old);
 }
 

@@ -16,9 +16,10 @@ use core::sync::atomic::{AtomicUsize, Ordering};
 use menps_dsm::com::Comm;
 use menps_dsm::dsm::allocator::RuntimeGuard;
 
-use super::{CThread, die, enter_task, leave_task};
-use crate::error::Error;
-use crate::runtime::{Builder, Com, ProgramDsm, Settings, StartHooks, run_in_job};
+use crate::{CThread, die, enter_task, leave_task};
+use menps_omp::Builder;
+use menps_omp::Error;
+use menps_omp::internals::{Com, ProgramDsm, Settings, StartHooks, run_in_job};
 
 /// The C `main`.
 type CMain = unsafe extern "C-unwind" fn(c_int, *mut *mut c_char, *mut *mut c_char) -> c_int;
@@ -76,7 +77,7 @@ pub unsafe extern "C" fn __libc_start_main(
     // SAFETY: libc's function of this signature.
     let real: StartMain = unsafe { core::mem::transmute::<*mut c_void, StartMain>(real) };
     let take_over = {
-        let exe = super::image::read_executable();
+        let exe = crate::image::read_executable();
         let off = std::env::var_os(ENABLE_VAR).is_some_and(|v| v == "0");
         !off && (exe.uses_openmp() || exe.contains(__libc_start_main as *const () as usize))
     };
@@ -99,7 +100,7 @@ pub unsafe extern "C" fn __libc_start_main(
 /// As libc's `exit`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C-unwind" fn exit(status: c_int) -> ! {
-    let task = super::current_task().map_or(0, |t| t as *const super::Task as usize);
+    let task = crate::current_task().map_or(0, |t| t as *const crate::Task as usize);
     if task != 0 && task == MAIN_TASK.load(Ordering::Relaxed) {
         std::panic::resume_unwind(Box::new(ExitRequest(status)));
     }
@@ -211,7 +212,7 @@ fn start(argc: c_int, argv: usize, envp: usize) -> Result<c_int, Error> {
     let r = run_in_job(com, &settings, hooks, move || {
         run_main(&inner, argc, argv, envp)
     });
-    super::heap::deactivate();
+    crate::heap::deactivate();
     match r {
         Ok(Some(status)) => Ok(status),
         Ok(None) => Ok(0),
@@ -250,7 +251,7 @@ fn drop_pending_stdout() {
 /// program's synchronisation gives it (threads of one process share one
 /// buffer; those of different processes do not).
 pub(crate) fn flush_output() {
-    if crate::region::num_processes() > 1 {
+    if menps_omp::num_processes() > 1 {
         // SAFETY: fflush(NULL) flushes every output stream.
         unsafe { libc::fflush(core::ptr::null_mut()) };
     }
@@ -260,15 +261,15 @@ pub(crate) fn flush_output() {
 /// it when the job has several processes.
 fn after_dsm(dsm: &'static ProgramDsm) -> Result<(), Error> {
     if dsm.nprocs() > 1 {
-        super::image::adopt(dsm)?;
-        super::heap::activate();
+        crate::image::adopt(dsm)?;
+        crate::heap::activate();
     }
     Ok(())
 }
 
 /// Process 0's `main`, on a DSM call stack.
 fn run_main(settings: &Settings, argc: c_int, argv: usize, envp: usize) -> c_int {
-    let rt = super::rt();
+    let rt = crate::rt();
     let nthreads = rt.team_size.load(Ordering::Relaxed);
     let initial = {
         let _rt = RuntimeGuard::enter();
@@ -278,7 +279,7 @@ fn run_main(settings: &Settings, argc: c_int, argv: usize, envp: usize) -> c_int
     };
     let old = enter_task(&initial.task);
     MAIN_TASK.store(
-        &initial.task as *const super::Task as usize,
+        &initial.task as *const crate::Task as usize,
         Ordering::Relaxed,
     );
     // `argv` moves to memory every process can read (a region may be
@@ -295,7 +296,7 @@ fn run_main(settings: &Settings, argc: c_int, argv: usize, envp: usize) -> c_int
         // SAFETY: libc's arguments for `main`.
         unsafe { real(argc, argv, envp as *mut *mut c_char) }
     });
-    super::tasks::wait_children(&initial.task);
+    crate::tasks::wait_children(&initial.task);
     MAIN_TASK.store(0, Ordering::Relaxed);
     leave_task(old);
     match r {
