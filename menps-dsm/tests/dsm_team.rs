@@ -50,6 +50,7 @@ fn job_entry() {
         "fork_errors" => fork_errors(&dsm),
         "team_panic" => team_panic(&dsm),
         "fork_on" => fork_on(&dsm),
+        "fork_team" => fork_team(&dsm),
         "serve_idle" => serve_idle(&dsm),
         "fork_before_start" => fork_before_start(&dsm),
         "stack_overflow" => stack_overflow(&dsm),
@@ -414,6 +415,69 @@ fn fork_on(dsm: &D) {
     .unwrap();
 }
 
+/// Teams whose size is not a multiple of the processes: every thread
+/// number appears once, processes run consecutive numbers (process 0 the
+/// first, the first `n % nprocs` processes one thread more), the team
+/// barrier passes, and a team smaller than the job runs on process 0.
+fn fork_team(dsm: &D) {
+    let nprocs = dsm.nprocs();
+    let team = Team::new(dsm, 2).unwrap();
+    team.run_main(|| {
+        for n in [1, nprocs - 1, nprocs + 1, 2 * nprocs - 1] {
+            // (rank, local number, threads here) of every thread, then what
+            // each saw after the barrier.
+            let mut seen = [(u64::MAX, u64::MAX, u64::MAX); 16];
+            let mut after = [0u64; 16];
+            let (out, out2) = (seen.as_mut_ptr() as usize, after.as_mut_ptr() as usize);
+            let work = move |t: &TeamThread<'_>| {
+                assert_eq!(t.num_threads(), n);
+                let me = t.thread_num();
+                let a = out as *mut (u64, u64, u64);
+                // SAFETY: element `me` of main's array is this thread's.
+                unsafe {
+                    a.add(me).write((
+                        t.rank() as u64,
+                        t.local_num() as u64,
+                        t.threads_here() as u64,
+                    ))
+                };
+                t.barrier().unwrap();
+                // SAFETY: every element was written before the barrier.
+                let ranks: u64 = (0..n).map(|k| unsafe { a.add(k).read() }.0).sum();
+                // SAFETY: element `me` of the second array is this thread's.
+                unsafe { (out2 as *mut u64).add(me).write(ranks) };
+            };
+            // SAFETY: the closure holds copies only; threads write disjoint
+            // elements of main's arrays.
+            unsafe {
+                team.fork_team(
+                    n,
+                    |t, d| (*d.cast::<&dyn Fn(&TeamThread<'_>)>())(t),
+                    (&(&work as &dyn Fn(&TeamThread<'_>))) as *const _ as *mut u8,
+                )
+            }
+            .unwrap();
+            let mut expect = Vec::new();
+            if n < nprocs {
+                expect.extend((0..n).map(|k| (0, k as u64, n as u64)));
+            } else {
+                for r in 0..nprocs {
+                    let here = n / nprocs + usize::from(r < n % nprocs);
+                    expect.extend((0..here).map(|k| (r as u64, k as u64, here as u64)));
+                }
+            }
+            assert_eq!(
+                &seen[..n],
+                &expect[..],
+                "a team of {n} over {nprocs} processes"
+            );
+            let ranks: u64 = expect.iter().map(|e| e.0).sum();
+            assert!(after[..n].iter().all(|&r| r == ranks), "{:?}", &after[..n]);
+        }
+    })
+    .unwrap();
+}
+
 /// A team thread of the last process recurses without end on its DSM call
 /// stack: the guard block below the stack ends that process with a
 /// message (never a write into another thread's stack).
@@ -685,6 +749,11 @@ fn dsm_stack_overflow_is_reported() {
 #[test]
 fn fork_onto_one_process() {
     run("fork_on", &[2, 3]);
+}
+
+#[test]
+fn teams_of_any_size_spread_over_the_processes() {
+    run("fork_team", &[2, 3]);
 }
 
 #[test]

@@ -8,6 +8,27 @@
 //! `__libc_start_main` for the whole process it is loaded into; it is for
 //! C programs, not for Rust programs (which use menps-omp directly).
 //!
+//! # Using it
+//!
+//! ```text
+//! cargo build --release -p menps-gomp -p menps-dsm --bin menps
+//! gcc -fopenmp -O2 prog.c -o prog                    # against libgomp, as usual
+//! target/release/menps run -n 4 ./prog               # 4 processes (the launcher preloads the library)
+//! LD_PRELOAD=target/release/libmenps_gomp.so ./prog  # 1 process: a drop-in for libgomp
+//! LD_PRELOAD=target/release/libmenps_gomp.so MENPS_NPROCS=2 ./prog   # starts 2 processes itself
+//! target/release/menps cc -O2 prog.c -o prog         # linked against the library instead of libgomp
+//! ```
+//!
+//! `OMP_NUM_THREADS` is the team size of all processes together;
+//! `OMP_SCHEDULE`, `OMP_STACKSIZE`, `OMP_WAIT_POLICY`, `OMP_DYNAMIC` and
+//! `OMP_CANCELLATION` are read as libgomp reads them. In a job of several
+//! processes, `main` runs on process 0 on a DSM call stack, the program's
+//! heap allocations ([`heap`]) and its globals ([`image`]) are DSM memory,
+//! and its locked instructions work on shared data ([`atomics`]). What the
+//! program's threads print appears once, in the order its synchronisation
+//! gives ([`start::OUTPUT_VAR`]). Entry points the library lacks abort with
+//! their name ([`unsupported`]).
+//!
 //! One module per family of entry points: [`start`] (taking over `main`),
 //! [`parallel`], [`loops`] (loops, `ordered`, `sections`), [`sync`]
 //! (barrier, critical, atomic, single, locks), [`tasks`], [`api`]
@@ -21,8 +42,8 @@
 //! Every piece of C code that calls the runtime runs on a user-level
 //! thread: `main` (on process 0), team threads, tasks. The thread's ct-worker
 //! word ([`ct_worker::current_thread_word`]) points to its current task
-//! ([`Task`]): the implicit task of a team thread, or an explicit task. The
-//! task points to the team thread's state ([`CThread`]): its place in the
+//! (`Task`): the implicit task of a team thread, or an explicit task. The
+//! task points to the team thread's state (`CThread`): its place in the
 //! team, its work-sharing counters, the loop it is in. Both live in this
 //! process's private memory (they are never read by other processes).
 

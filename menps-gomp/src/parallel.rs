@@ -1,5 +1,5 @@
 //! Parallel regions: `GOMP_parallel` (and the combined forms, through
-//! [`parallel_region`]).
+//! `parallel_region`).
 //!
 //! A region started by the initial thread (`main`, process 0) forks a team
 //! over every process: `num_threads` threads (or the `nthreads-var` ICV),
