@@ -553,6 +553,12 @@ impl<C: Config> Worker<C> {
         }
     }
 
+    /// Owner: how many items this worker's deque holds.
+    #[inline]
+    pub(crate) fn queue_len(&self) -> usize {
+        self.deque.len()
+    }
+
     /// Owner: takes the newest item of this worker's deque.
     #[inline]
     pub(crate) fn pop_own(&self) -> Option<TaskRef<C>> {

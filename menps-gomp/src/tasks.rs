@@ -9,8 +9,10 @@
 //! recursive program such as `fib` with `task`/`taskwait` thus costs a
 //! deque push and pop per task instead of a trip through a shared queue.
 //! Arguments up to 24 bytes travel in the job itself, larger ones (and
-//! those GCC copies with a function) in a private buffer. An `if(0)` task
-//! and the tasks of a `final` task run at once (undeferred).
+//! those GCC copies with a function) in a private buffer. An `if(0)` task,
+//! the tasks of a `final` task, and a task created while the worker has
+//! plenty of queued work for others to steal run at once (undeferred), as
+//! OpenMP allows.
 //!
 //! Tasks run inside the process that created them. A task run inline nests
 //! on its creator's stack: very deep recursions of tasks need a larger
@@ -40,6 +42,11 @@ const FLAG_DEPEND: c_uint = 1 << 3;
 /// Flags this runtime acts on or may ignore: untied, final, mergeable,
 /// depend (refused below), priority.
 const KNOWN_FLAGS: c_uint = 0x1f;
+
+/// Jobs queued on a worker beyond which a new task runs at once: the
+/// oldest queued jobs (the largest parts of a recursion) keep the other
+/// workers busy, and the newest need no job of their own.
+const QUEUED_ENOUGH: usize = 8;
 
 /// Bytes of arguments a task carries in its job (which fits a ct-worker
 /// descriptor with them: no allocation per task).
@@ -183,7 +190,12 @@ pub unsafe extern "C" fn GOMP_task(
         // Outside the program's threads: run it here.
         return job.run();
     };
-    if !if_clause || parent.is_final {
+    // Undeferred: `if(0)`, a final parent, or enough queued work here for
+    // idle workers to steal (libgomp throttles task creation alike).
+    if !if_clause
+        || parent.is_final
+        || ct_worker::current_queue_len_in::<TeamConfig>().is_some_and(|n| n >= QUEUED_ENOUGH)
+    {
         return job.run();
     }
     // The scheduler's own allocations stay out of the DSM heap.

@@ -242,6 +242,15 @@ impl<T: Send + 'static> WorkerDeque<T> for AsymmetricChaseLev<T> {
     fn is_empty(&self) -> bool {
         self.inner.bottom.load(Ordering::Relaxed) <= self.inner.top.load(Ordering::Relaxed)
     }
+
+    #[inline]
+    fn len(&self) -> usize {
+        let (b, t) = (
+            self.inner.bottom.load(Ordering::Relaxed),
+            self.inner.top.load(Ordering::Relaxed),
+        );
+        (b - t).max(0) as usize
+    }
 }
 
 impl<T: Send + 'static> DequeStealer<T> for AsymmetricStealer<T> {

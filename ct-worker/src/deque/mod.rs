@@ -35,6 +35,9 @@ pub trait WorkerDeque<T: Send>: Sized + Send + 'static {
     fn pop(&self) -> Option<T>;
     /// Owner: whether the deque is empty.
     fn is_empty(&self) -> bool;
+    /// Owner: how many items the deque holds (a snapshot: thieves may take
+    /// some at once).
+    fn len(&self) -> usize;
 }
 
 /// The thieves' side of a [`WorkerDeque`].
@@ -76,6 +79,11 @@ impl<T: Send + 'static> WorkerDeque<T> for ChaseLev<T> {
     #[inline]
     fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        self.0.len()
     }
 }
 
@@ -127,6 +135,10 @@ impl<T: Send + 'static> WorkerDeque<T> for LockedDeque<T> {
 
     fn is_empty(&self) -> bool {
         lock(&self.0).is_empty()
+    }
+
+    fn len(&self) -> usize {
+        lock(&self.0).len()
     }
 }
 

@@ -173,23 +173,17 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     /// (`MENPS_DSM_STACKS`) can exist at once in a process, `main` included.
     pub fn new(dsm: &'d Dsm<C, U>, workers: usize) -> DsmResult<Self> {
         let stacks = dsm.create_stacks()?;
-        // One process: no other process ever reads a stack, so this
-        // process's stacks are pinned once, and switching threads pins
-        // nothing (every switch would otherwise take a block lock twice).
+        // One process: no other process ever reads a stack, so a stack is
+        // pinned the first time it is used, for good, and switching threads
+        // pins nothing (every switch would otherwise take a block lock
+        // twice).
         let one = dsm.nprocs() == 1;
-        if one {
-            for i in 0..stacks.slots_per_process() {
-                let at = stacks.slot(dsm.rank(), i).expect("own slot") as usize;
-                dsm.space.pin(at, stacks.slot_size())?;
-            }
-        }
         // SAFETY: the team borrows `dsm` for 'd and owns the runtime, which
         // it stops (drops) before the borrow ends; the stack region and the
-        // space live as long as the `Dsm`; with one process every stack was
-        // pinned above, for the DSM's life.
+        // space live as long as the `Dsm`.
         let (source, hook) = unsafe {
             let hook = if one {
-                PinHook::pinned_for_good(dsm.space)
+                PinHook::pinned_for_good(dsm.space, stacks)
             } else {
                 PinHook::new(dsm.space)
             };

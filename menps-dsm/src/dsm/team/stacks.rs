@@ -1,6 +1,8 @@
 //! The team runtime's stack source and switch hook: user-level threads run
 //! on call stacks of the DSM's stack region, pinned while they run.
 
+use core::sync::atomic::{AtomicBool, Ordering};
+
 use ct_context::StackRegion;
 use ct_worker::{Error, LeaveReason, StackSource, SwitchHook, UltThread};
 
@@ -120,13 +122,16 @@ pub(crate) trait StackPinner: Sync {
 /// what the thread wrote and faults never happen on a running stack.
 pub struct PinHook {
     pinner: *const dyn StackPinner,
-    /// The stacks are pinned once for good (a job of one process: no other
-    /// process ever reads them), so switches pin nothing.
-    pinned_for_good: bool,
+    /// A job of one process, where no other process ever reads a stack: a
+    /// stack is pinned the first time a thread runs on it, for good, and
+    /// switches pin nothing. The slots of this process, and which are
+    /// pinned.
+    pinned_for_good: Option<(*const SlotRegion, Box<[AtomicBool]>)>,
 }
 
-// SAFETY: the pinner is `Sync` and valid while the team runtime lives (the
-// `Team` borrows the `Dsm` whose space it is).
+// SAFETY: the pinner and the slot region are `Sync` and valid while the
+// team runtime lives (the `Team` borrows the `Dsm` that owns both); the
+// pinned flags are atomics.
 unsafe impl Send for PinHook {}
 // SAFETY: as above.
 unsafe impl Sync for PinHook {}
@@ -143,22 +148,50 @@ impl PinHook {
         let pinner: &'static dyn StackPinner = unsafe { core::mem::transmute(pinner) };
         PinHook {
             pinner,
-            pinned_for_good: false,
+            pinned_for_good: None,
         }
     }
 
-    /// A hook for stacks that `pinner` has pinned for good: switches cost
-    /// nothing.
+    /// A hook that pins each stack of `slots` the first time a thread
+    /// runs on it and never unpins it (a job of one process): switches then
+    /// cost one load.
     ///
     /// # Safety
     ///
-    /// As [`PinHook::new`]; every stack the runtime hands out stays pinned
-    /// while the runtime lives.
-    pub(crate) unsafe fn pinned_for_good(pinner: &dyn StackPinner) -> Self {
+    /// As [`PinHook::new`], and `slots` must outlive the runtime too.
+    pub(crate) unsafe fn pinned_for_good(pinner: &dyn StackPinner, slots: &SlotRegion) -> Self {
         // SAFETY: forwarded.
         let mut h = unsafe { Self::new(pinner) };
-        h.pinned_for_good = true;
+        let flags = (0..slots.slots_per_process())
+            .map(|_| AtomicBool::new(false))
+            .collect();
+        h.pinned_for_good = Some((slots, flags));
         h
+    }
+
+    /// Pins `stack` unless it was pinned for good already (one-process
+    /// mode); `true` if the hook works in that mode.
+    #[inline]
+    fn pin_once(&self, stack: StackRegion) -> bool {
+        let Some((slots, flags)) = &self.pinned_for_good else {
+            return false;
+        };
+        // SAFETY: the slot region outlives the runtime (`pinned_for_good`).
+        let slots = unsafe { &**slots };
+        let Some((_, i)) = slots.owner_of(stack.bottom() as *const u8) else {
+            return true;
+        };
+        // A slot runs one thread at a time: no race on its flag.
+        if !flags[i].load(Ordering::Acquire) {
+            if let Err(e) = self
+                .pinner()
+                .pin_stack(stack.bottom(), stack.top() - stack.bottom())
+            {
+                fatal(&e);
+            }
+            flags[i].store(true, Ordering::Release);
+        }
+        true
     }
 
     fn pinner(&self) -> &dyn StackPinner {
@@ -176,7 +209,7 @@ impl core::fmt::Debug for PinHook {
 impl SwitchHook for PinHook {
     #[inline]
     fn entering(&self, _worker: usize, _thread: UltThread<'_>, stack: StackRegion) {
-        if self.pinned_for_good {
+        if self.pin_once(stack) {
             return;
         }
         if let Err(e) = self
@@ -189,7 +222,7 @@ impl SwitchHook for PinHook {
 
     #[inline]
     fn left(&self, _worker: usize, _thread: UltThread<'_>, stack: StackRegion, _why: LeaveReason) {
-        if self.pinned_for_good {
+        if self.pinned_for_good.is_some() {
             return;
         }
         if let Err(e) = self
