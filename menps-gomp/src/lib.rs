@@ -164,6 +164,9 @@ pub(crate) struct CThread {
     pub lp: Cell<LoopState>,
     /// `single copyprivate`: the construct this thread runs.
     pub copy_seq: Cell<u64>,
+    /// The region this thread started with `GOMP_parallel_start` and runs
+    /// as its thread 0 (`parallel::OpenRegion`), until `GOMP_parallel_end`.
+    pub open: Cell<*mut parallel::OpenRegion>,
     /// The implicit task.
     pub task: Task,
 }
@@ -206,6 +209,7 @@ impl CThread {
             seq: Cell::new(0),
             lp: Cell::new(LoopState::default()),
             copy_seq: Cell::new(0),
+            open: Cell::new(core::ptr::null_mut()),
             task: Task::new(core::ptr::null(), false),
         }
     }

@@ -16,7 +16,7 @@
 
 use core::ffi::{c_long, c_uint, c_ulonglong, c_void};
 
-use crate::parallel::{OutlinedFn, parallel_region};
+use crate::parallel::{OutlinedFn, parallel_region, parallel_start};
 use crate::{CThread, LoopKind, LoopState, current_thread, die, rt};
 use menps_omp::Schedule;
 use menps_omp::internals::Waiter;
@@ -851,6 +851,79 @@ parallel_loops! {
     GOMP_parallel_loop_guided, |c| Schedule::Guided(c.max(1));
     GOMP_parallel_loop_nonmonotonic_dynamic, |c| Schedule::Dynamic(c.max(1));
     GOMP_parallel_loop_nonmonotonic_guided, |c| Schedule::Guided(c.max(1));
+}
+
+/// Defines the old combined `GOMP_parallel_loop_<name>_start` entry points
+/// (GCC before 4.9: the caller is thread 0 until `GOMP_parallel_end`).
+macro_rules! parallel_loop_starts {
+    ($( $name:ident, |$c:ident| $sched:expr; )*) => {$(
+        #[doc = concat!("`", stringify!($name), "`: begins a region whose threads start in a loop; the caller is its thread 0.")]
+        ///
+        /// # Safety
+        ///
+        /// Called by GCC's code with its outlined function and data.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(
+            f: OutlinedFn,
+            data: *mut c_void,
+            num_threads: c_uint,
+            start: c_long,
+            end: c_long,
+            incr: c_long,
+            chunk: c_long,
+        ) {
+            let $c = chunk_of(chunk);
+            let ct = me(stringify!($name));
+            let lp = preset(ct, spec_long(start, end, incr), $sched, false);
+            // SAFETY: forwarded.
+            unsafe { parallel_start(f, data, num_threads, lp) }
+        }
+    )*};
+}
+
+parallel_loop_starts! {
+    GOMP_parallel_loop_static_start, |c| static_schedule(c);
+    GOMP_parallel_loop_dynamic_start, |c| Schedule::Dynamic(c.max(1));
+    GOMP_parallel_loop_guided_start, |c| Schedule::Guided(c.max(1));
+}
+
+/// `GOMP_parallel_loop_runtime_start` (GCC before 4.9).
+///
+/// # Safety
+///
+/// Called by GCC's code with its outlined function and data.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn GOMP_parallel_loop_runtime_start(
+    f: OutlinedFn,
+    data: *mut c_void,
+    num_threads: c_uint,
+    start: c_long,
+    end: c_long,
+    incr: c_long,
+) {
+    let ct = me("GOMP_parallel_loop_runtime_start");
+    let lp = preset(ct, spec_long(start, end, incr), Schedule::Runtime, false);
+    // SAFETY: forwarded.
+    unsafe { parallel_start(f, data, num_threads, lp) }
+}
+
+/// `GOMP_parallel_sections_start` (GCC before 4.9): a region whose
+/// threads start in `sections`; the caller is thread 0.
+///
+/// # Safety
+///
+/// Called by GCC's code with its outlined function and data.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn GOMP_parallel_sections_start(
+    f: OutlinedFn,
+    data: *mut c_void,
+    num_threads: c_uint,
+    count: c_uint,
+) {
+    let ct = me("GOMP_parallel_sections_start");
+    let lp = sections_preset(ct, count);
+    // SAFETY: forwarded.
+    unsafe { parallel_start(f, data, num_threads, lp) }
 }
 
 /// Defines the combined run-time-schedule entry points.

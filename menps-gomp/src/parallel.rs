@@ -15,7 +15,7 @@ use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 use menps_dsm::dsm::allocator::RuntimeGuard;
-use menps_dsm::dsm::team::TeamThread;
+use menps_dsm::dsm::team::{OpenFork, TeamThread};
 
 use crate::{
     CThread, LoopKind, LoopState, Region, Task, current_task, current_thread, die, enter_task,
@@ -122,6 +122,7 @@ unsafe fn team_thread(tt: &TeamThread<'_>, data: *mut u8) {
             seq: Cell::new(region.seq_base),
             lp: Cell::new(LoopState::default()),
             copy_seq: Cell::new(0),
+            open: Cell::new(core::ptr::null_mut()),
             task: Task::new(core::ptr::null(), false),
         });
         ct.task.thread.set(&*ct);
@@ -172,6 +173,7 @@ unsafe fn serial_region(me: &CThread, f: OutlinedFn, data: *mut c_void, preset: 
             seq: Cell::new(0),
             lp: Cell::new(LoopState::default()),
             copy_seq: Cell::new(0),
+            open: Cell::new(core::ptr::null_mut()),
             task: Task::new(core::ptr::null(), false),
         });
         ct.task.thread.set(&*ct);
@@ -183,19 +185,168 @@ unsafe fn serial_region(me: &CThread, f: OutlinedFn, data: *mut c_void, preset: 
     drop(ct);
 }
 
-/// `GOMP_parallel_start` (GCC before 4.9): not supported.
-#[unsafe(no_mangle)]
-pub extern "C" fn GOMP_parallel_start(_f: OutlinedFn, _data: *mut c_void, _num_threads: c_uint) {
-    die(
-        "GOMP_parallel_start (code from GCC before 4.9) is not supported: rebuild the program with \
-         a newer GCC",
-    )
+/// A region begun with `GOMP_parallel_start` (GCC before 4.9), whose
+/// thread 0 is the encountering thread itself.
+pub struct OpenRegion {
+    /// The fork (none: a region of one thread).
+    fork: Option<OpenFork>,
+    /// The region's shared description (DSM heap: other processes read it).
+    region: *mut Region,
+    /// The encountering thread's state as thread 0.
+    master: *mut CThread,
+    /// The encountering thread's task word before the region.
+    old_word: usize,
 }
 
-/// `GOMP_parallel_end` (GCC before 4.9): not supported.
+/// Begins a region whose thread 0 is the caller, its threads starting in
+/// loop `preset` (none if its kind is `None`).
+///
+/// # Safety
+///
+/// `f` and `data` are GCC's outlined function and its data.
+pub(crate) unsafe fn parallel_start(
+    f: OutlinedFn,
+    data: *mut c_void,
+    num_threads: c_uint,
+    preset: LoopState,
+) {
+    let me = current_thread().unwrap_or_else(|| {
+        die("GOMP_parallel_start outside the OpenMP program's threads (a thread the program created itself?)")
+    });
+    let rt = rt();
+    let n = if num_threads > 0 {
+        num_threads as usize
+    } else {
+        me.nthreads_var.get()
+    };
+    let is_main = current_task().is_some_and(|t| core::ptr::eq(t, &me.task))
+        && me.level == 0
+        && rt.dsm.rank() == 0;
+    let team = is_main && n > 1;
+    // The region's description goes where every process can read it: the
+    // caller's allocations are DSM memory (process 0's `main`).
+    let region = Box::into_raw(Box::new(Region {
+        seq_base: rt.next_seq.load(Ordering::Relaxed),
+        schedule: me.schedule.get().encode(),
+        fn_: f as usize,
+        data: data as usize,
+        preset,
+        seq_end: AtomicU64::new(u64::MAX),
+        level: me.level + 1,
+        active_level: me.active_level + u32::from(team),
+        nthreads_var: me.nthreads_var.get(),
+    }));
+    let fork = if team {
+        crate::start::flush_output();
+        // SAFETY: the region lives in the DSM heap until `GOMP_parallel_end`
+        // ends the fork; `team_thread` reads it as a `Region`.
+        Some(
+            unsafe { rt.team.fork_begin(n, team_thread, region.cast()) }
+                .unwrap_or_else(|e| die(&format!("parallel region: {e}"))),
+        )
+    } else {
+        None
+    };
+    let master = {
+        let _rt = RuntimeGuard::enter();
+        let (tt, thread_num, num_threads) = match &fork {
+            Some(f) => {
+                let t = f.thread();
+                let (num, size) = (t.thread_num(), t.num_threads());
+                (
+                    Some(NonNull::from(t).cast::<TeamThread<'static>>()),
+                    num,
+                    size,
+                )
+            }
+            None => (None, 0, 1),
+        };
+        Box::into_raw(Box::new(CThread {
+            tt,
+            thread_num,
+            num_threads,
+            level: me.level + 1,
+            active_level: me.active_level + u32::from(team),
+            parent: (!team).then(|| NonNull::from(me)),
+            schedule: Cell::new(me.schedule.get()),
+            nthreads_var: Cell::new(me.nthreads_var.get()),
+            seq: Cell::new(if team {
+                rt.next_seq.load(Ordering::Relaxed)
+            } else {
+                0
+            }),
+            lp: Cell::new(LoopState::default()),
+            copy_seq: Cell::new(0),
+            open: Cell::new(core::ptr::null_mut()),
+            task: Task::new(core::ptr::null(), false),
+        }))
+    };
+    // SAFETY: freshly boxed; freed by `GOMP_parallel_end`.
+    let m = unsafe { &*master };
+    m.task.thread.set(m);
+    let old_word = enter_task(&m.task);
+    let open = {
+        let _rt = RuntimeGuard::enter();
+        Box::into_raw(Box::new(OpenRegion {
+            fork,
+            region,
+            master,
+            old_word,
+        }))
+    };
+    m.open.set(open);
+    if preset.kind != LoopKind::None {
+        crate::loops::begin(m, preset);
+    }
+}
+
+/// `GOMP_parallel_start` (GCC before 4.9): begins a region of `f(data)`
+/// whose thread 0 is the caller; the caller then calls `f(data)` itself,
+/// and `GOMP_parallel_end`.
+///
+/// # Safety
+///
+/// Called by GCC's code with its outlined function and data.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn GOMP_parallel_start(
+    f: OutlinedFn,
+    data: *mut c_void,
+    num_threads: c_uint,
+) {
+    // SAFETY: forwarded.
+    unsafe { parallel_start(f, data, num_threads, LoopState::default()) }
+}
+
+/// `GOMP_parallel_end`: ends the region `GOMP_parallel_start` began, once
+/// the caller (thread 0) is done with it.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_parallel_end() {
-    die(
-        "GOMP_parallel_end (code from GCC before 4.9) is not supported: rebuild the program with a newer GCC",
-    )
+    let m = current_thread()
+        .unwrap_or_else(|| die("GOMP_parallel_end outside the OpenMP program's threads"));
+    let open = m.open.replace(core::ptr::null_mut());
+    if open.is_null() {
+        die("GOMP_parallel_end without GOMP_parallel_start");
+    }
+    crate::tasks::wait_children(&m.task);
+    // SAFETY: boxed by `parallel_start`, taken once.
+    let open = unsafe { Box::from_raw(open) };
+    // SAFETY: the region lives until freed below.
+    let region = unsafe { &*open.region };
+    if let Some(fork) = open.fork {
+        crate::start::flush_output();
+        region.seq_end.store(m.seq.get(), Ordering::Relaxed);
+        let rt = rt();
+        rt.team
+            .fork_end(fork)
+            .unwrap_or_else(|e| die(&format!("parallel region: {e}")));
+        rt.next_seq
+            .store(region.seq_end.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+    leave_task(open.old_word);
+    // SAFETY: both boxed by `parallel_start`; no thread uses them any more.
+    unsafe {
+        drop(Box::from_raw(open.region));
+        let _rt = RuntimeGuard::enter();
+        drop(Box::from_raw(open.master));
+    }
 }

@@ -31,9 +31,9 @@ unsupported! {
     GOMP_loop_ull_doacross_guided_start GOMP_loop_ull_doacross_runtime_start
     GOMP_loop_ull_doacross_start GOMP_loop_ull_doacross_static_start GOMP_offload_register
     GOMP_offload_register_ver GOMP_offload_unregister GOMP_offload_unregister_ver
-    GOMP_parallel_loop_dynamic_start GOMP_parallel_loop_guided_start
-    GOMP_parallel_loop_runtime_start GOMP_parallel_loop_static_start GOMP_parallel_reductions
-    GOMP_parallel_sections_start GOMP_scope_start GOMP_target GOMP_target_data
+
+    GOMP_parallel_reductions
+    GOMP_scope_start GOMP_target GOMP_target_data
     GOMP_target_data_ext GOMP_target_end_data GOMP_target_enter_exit_data GOMP_target_ext
     GOMP_target_update GOMP_target_update_ext GOMP_task_reduction_remap
     GOMP_taskgroup_reduction_register GOMP_taskgroup_reduction_unregister GOMP_taskloop

@@ -40,6 +40,7 @@ const TESTED: &[&str] = &[
     "exit_status",
     "locks",
     "loop_schedules",
+    "old_abi",
     "queries",
     "reductions",
     "sections_ordered",
@@ -98,6 +99,13 @@ fn tasks() {
 #[test]
 fn queries() {
     check("queries", 0);
+}
+
+/// The entry points of code from GCC before 4.9 (`GOMP_parallel_start`
+/// and its combined forms), called as that code calls them.
+#[test]
+fn old_abi() {
+    check("old_abi", 0);
 }
 
 #[test]

@@ -48,7 +48,7 @@ const MAIN_MARK: usize = 1 << 32;
 pub type TeamFn = unsafe fn(&TeamThread<'_>, *mut u8);
 
 /// What a team barrier offers a team thread, type-erased.
-trait TeamSync: Sync {
+trait TeamSync: Sync + Send {
     fn wait(&self) -> DsmResult<bool>;
     fn wait_local(&self) -> bool;
 }
@@ -131,6 +131,30 @@ impl core::fmt::Debug for TeamThread<'_> {
             .field("thread_num", &self.thread_num)
             .field("num_threads", &self.num_threads)
             .field("rank", &self.rank)
+            .finish()
+    }
+}
+
+/// A fork in which `main` takes part ([`Team::fork_begin`]): holds the
+/// team's other threads of this process until [`Team::fork_end`].
+pub struct OpenFork {
+    barrier: *mut (dyn TeamSync + 'static),
+    threads: *mut [TeamThread<'static>],
+    handles: Vec<ct_worker::JoinHandle<(), TeamConfig>>,
+}
+
+impl OpenFork {
+    /// `main`'s place in the team: thread 0.
+    pub fn thread(&self) -> &TeamThread<'_> {
+        // SAFETY: the descriptions live until `fork_end` consumes the fork.
+        unsafe { &(*self.threads)[0] }
+    }
+}
+
+impl core::fmt::Debug for OpenFork {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("OpenFork")
+            .field("thread", self.thread())
             .finish()
     }
 }
@@ -412,6 +436,15 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         f: TeamFn,
         data: *mut u8,
     ) -> DsmResult<()> {
+        self.announce(target, threads, f, data)?;
+        let r = self.execute(f, data as usize, threads, target);
+        self.forking.store(false, Ordering::Release);
+        r
+    }
+
+    /// Checks that a fork may start here, tells the other processes, and
+    /// marks the fork running.
+    fn announce(&self, target: u64, threads: usize, f: TeamFn, data: *mut u8) -> DsmResult<()> {
         let in_main = self.dsm.rank() == 0
             && self.running.load(Ordering::Acquire)
             && !self.forking.load(Ordering::Acquire)
@@ -445,7 +478,118 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             target,
         ])?;
         self.forking.store(true, Ordering::Release);
-        let r = self.execute(f, data as usize, threads, target);
+        Ok(())
+    }
+
+    /// Begins a fork in which the caller — `main` — takes part as thread 0
+    /// (libgomp's old `GOMP_parallel_start`): the team's other threads start
+    /// `f(thread, data)` as [`Team::fork_team`]'s would, while `main` goes on
+    /// with the returned [`OpenFork`], whose [`OpenFork::thread`] is its place
+    /// in the team; [`Team::fork_end`] joins them. Prefer [`Team::fork_team`]:
+    /// there `main` only waits, so its frame, which the other processes
+    /// read, does not change while the team runs.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Team::fork`]; `data` must stay valid until `fork_end`.
+    pub unsafe fn fork_begin(
+        &self,
+        num_threads: usize,
+        f: TeamFn,
+        data: *mut u8,
+    ) -> DsmResult<OpenFork> {
+        let dsm = self.dsm;
+        let (rank, nprocs) = (dsm.rank(), dsm.nprocs());
+        let target = if num_threads < nprocs { 0 } else { ALL };
+        self.announce(target, num_threads, f, data)?;
+        let r = (|| {
+            let _rt = RuntimeGuard::enter();
+            if nprocs > 1 {
+                dsm.barrier()?;
+            }
+            let all = target == ALL;
+            let (tpp, first) = if all {
+                let (base, extra) = (num_threads / nprocs, num_threads % nprocs);
+                (
+                    base + usize::from(rank < extra),
+                    rank * base + rank.min(extra),
+                )
+            } else {
+                (num_threads, 0)
+            };
+            let barrier: Box<dyn TeamSync + '_> = Box::new(if all {
+                TeamBarrier::<'_, C, U, TeamUlt>::new(dsm, tpp)
+            } else {
+                TeamBarrier::<'_, C, U, TeamUlt>::local(dsm, tpp)
+            });
+            // SAFETY: only the lifetime is erased; `fork_end` frees the
+            // barrier after every thread using it has been joined, and the
+            // team (with its DSM) outlives the fork.
+            let barrier: Box<dyn TeamSync + 'static> = unsafe { core::mem::transmute(barrier) };
+            let barrier = Box::into_raw(barrier);
+            let threads: Box<[TeamThread<'static>]> = (0..tpp)
+                .map(|local| TeamThread {
+                    thread_num: first + local,
+                    num_threads,
+                    local_num: local,
+                    threads_here: tpp,
+                    rank,
+                    nprocs,
+                    // SAFETY: freed only by `fork_end`, after the threads.
+                    barrier: unsafe { &*barrier },
+                })
+                .collect();
+            let threads = Box::into_raw(threads);
+            let mut handles = Vec::with_capacity(tpp.saturating_sub(1));
+            for local in 1..tpp {
+                // SAFETY: the threads' descriptions live until `fork_end`,
+                // which joins every thread before freeing them.
+                let t = unsafe { &(*threads)[local] } as *const TeamThread<'static> as usize;
+                let d = data as usize;
+                let h = ct_worker::try_spawn_in::<TeamConfig, _, _>(move || {
+                    // SAFETY: as above.
+                    run_team_thread(f, unsafe { &*(t as *const TeamThread<'static>) }, d)
+                })
+                .map_err(|e| DsmError::Config(format!("cannot start a team thread: {e}")))?;
+                handles.push(h);
+            }
+            Ok(OpenFork {
+                barrier,
+                threads,
+                handles,
+            })
+        })();
+        if r.is_err() {
+            self.forking.store(false, Ordering::Release);
+        }
+        r
+    }
+
+    /// Ends a fork begun with [`Team::fork_begin`] once `main` (thread 0)
+    /// is done: joins the team's other threads and ends with the fork's
+    /// DSM barrier, so what they wrote is visible to `main`.
+    pub fn fork_end(&self, fork: OpenFork) -> DsmResult<()> {
+        let _rt = RuntimeGuard::enter();
+        let OpenFork {
+            barrier,
+            threads,
+            handles,
+        } = fork;
+        for h in handles {
+            // A panicking team thread ends the process (`run_team_thread`).
+            let _ = h.try_join();
+        }
+        // SAFETY: every thread that used them has been joined; both came
+        // from `Box::into_raw` in `fork_begin`.
+        unsafe {
+            drop(Box::from_raw(threads));
+            drop(Box::from_raw(barrier));
+        }
+        let r = if self.dsm.nprocs() == 1 {
+            self.dsm.check()
+        } else {
+            self.dsm.barrier()
+        };
         self.forking.store(false, Ordering::Release);
         r
     }

@@ -38,7 +38,7 @@ mod fork;
 mod stacks;
 
 pub use barrier::TeamBarrier;
-pub use fork::{Team, TeamConfig, TeamFn, TeamThread, TeamUlt};
+pub use fork::{OpenFork, Team, TeamConfig, TeamFn, TeamThread, TeamUlt};
 pub use stacks::{DsmStacks, PinHook};
 
 use ct_worker::UltItf;
