@@ -604,6 +604,25 @@ impl<C: Config> Drop for Deferred<C> {
     }
 }
 
+/// Runs `f` with the running user-level thread's word (the cell behind
+/// [`current_thread_word`](crate::current_thread_word)) and the number of
+/// threads and jobs queued on its worker, found with one lookup; `None`
+/// (without calling `f`) outside a user-level thread of a `C` runtime.
+///
+/// The cell belongs to the thread, so it stays valid in `f` even if the
+/// thread blocks and resumes on another worker (the queue length is a
+/// snapshot). For runtimes that keep their per-thread context in the word
+/// and look it up on hot paths (an OpenMP task creation).
+#[inline]
+pub fn with_current_thread_word_in<C: Config, R>(
+    f: impl FnOnce(&core::cell::Cell<usize>, usize) -> R,
+) -> Option<R> {
+    let w = Worker::<C>::current()?;
+    let t = w.running()?;
+    let queued = w.queue_len();
+    Some(f(&t.desc().user_word, queued))
+}
+
 /// Threads and jobs waiting in the deque of the worker running the caller
 /// (a snapshot; `None` outside a user-level thread of a `C` runtime). A
 /// runtime that may run a task at once instead of deferring it (OpenMP's

@@ -12,10 +12,12 @@
 //! `iced-x86`) and replaces its first byte with a breakpoint (`int3`). The
 //! breakpoint's handler decodes the original instruction, computes its
 //! memory operand from the interrupted registers, and performs it: on DSM
-//! memory as a compare-and-swap loop of DSM atomics on the aligned 64-bit
-//! word that holds the operand (at the word's home, coherent across
-//! processes, with acquire and release semantics like a locked
-//! instruction); elsewhere as a native atomic. It then writes the results
+//! memory as a compare-and-swap loop of relaxed DSM atomics on the aligned
+//! 64-bit word that holds the operand (transactions on the coherent copy of
+//! its block, under the block's global lock: atomic across processes; what
+//! they write is published like other writes, at the next barrier or lock
+//! release, which is when OpenMP makes an `atomic`'s or a reduction's
+//! result visible); elsewhere as a native atomic. It then writes the results
 //! (the destination register of `xadd`, `xchg` and `cmpxchg`, and the
 //! arithmetic flags) into the interrupted registers and resumes after the
 //! instruction. Results are exact, whatever the operator and type: the
@@ -527,7 +529,7 @@ fn emulate(uc: *mut libc::ucontext_t, patch: &Patch) {
                     // A failed compare: the value read is the answer, but it
                     // must be the home's, not a stale local copy.
                     let home = dsm
-                        .load_acquire(word as *const u64)
+                        .load_relaxed(word as *const u64)
                         .unwrap_or_else(|e| die(&format!("locked instruction on DSM memory: {e}")));
                     if home == cur {
                         break e;
@@ -536,7 +538,7 @@ fn emulate(uc: *mut libc::ucontext_t, patch: &Patch) {
                     continue;
                 };
                 match dsm
-                    .compare_exchange(word as *mut u64, cur, put(cur, v))
+                    .compare_exchange_relaxed(word as *mut u64, cur, put(cur, v))
                     .unwrap_or_else(|e| die(&format!("locked instruction on DSM memory: {e}")))
                 {
                     Ok(_) => break e,

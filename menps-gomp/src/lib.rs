@@ -66,6 +66,7 @@ use menps_dsm::dsm::team::TeamThread;
 
 use menps_omp::Schedule;
 use menps_omp::internals::Runtime;
+use smallvec::SmallVec;
 
 /// Writes `msg` to stderr as one line and aborts the process: for misuse
 /// and unsupported features, which must never silently misbehave.
@@ -176,7 +177,7 @@ pub(crate) struct Task {
     /// The team thread it belongs to.
     pub thread: Cell<*const CThread>,
     /// Child tasks not joined yet (only this task's own code touches it).
-    pub children: UnsafeCell<Vec<tasks::Child>>,
+    pub children: UnsafeCell<SmallVec<[tasks::Child; 4]>>,
     /// Where each open taskgroup's children start in `children`.
     pub groups: UnsafeCell<Vec<usize>>,
     /// A final task (its descendants run undeferred).
@@ -187,7 +188,7 @@ impl Task {
     pub(crate) fn new(thread: *const CThread, is_final: bool) -> Task {
         Task {
             thread: Cell::new(thread),
-            children: UnsafeCell::new(Vec::new()),
+            children: UnsafeCell::new(SmallVec::new()),
             groups: UnsafeCell::new(Vec::new()),
             is_final,
         }

@@ -31,7 +31,7 @@ use ct_worker::Deferred;
 use menps_dsm::dsm::allocator::RuntimeGuard;
 use menps_dsm::dsm::team::TeamConfig;
 
-use crate::{Task, current_task, die, enter_task, leave_task};
+use crate::{Task, current_task, die};
 
 /// A child task not joined yet: a job in its creator's deque (or a thread,
 /// if an idle worker stole it).
@@ -46,7 +46,7 @@ const KNOWN_FLAGS: c_uint = 0x1f;
 /// Jobs queued on a worker beyond which a new task runs at once: the
 /// oldest queued jobs (the largest parts of a recursion) keep the other
 /// workers busy, and the newest need no job of their own.
-const QUEUED_ENOUGH: usize = 8;
+const QUEUED_ENOUGH: usize = 4;
 
 /// Bytes of arguments a task carries in its job (which fits a ct-worker
 /// descriptor with them: no allocation per task).
@@ -124,19 +124,35 @@ impl Job {
     }
 
     /// Runs the task (on whichever thread takes it).
-    fn run(mut self) {
+    fn run(self) {
+        let mut job = Some(self);
+        ct_worker::with_current_thread_word_in::<TeamConfig, _>(|word, _| {
+            if let Some(j) = job.take() {
+                j.run_with(word)
+            }
+        });
+        // Outside the runtime's threads: no task context to set.
+        if let Some(j) = job {
+            let (args, heap) = j.args();
+            // SAFETY: GCC's task function on its arguments.
+            unsafe { (j.f)(args.cast()) };
+            j.free(args, heap);
+        }
+    }
+
+    /// Where the arguments are, and whether they are a private buffer.
+    fn args(&self) -> (*mut u8, bool) {
         let heap = self.meta & META_HEAP != 0;
-        let args: *mut u8 = if heap {
+        let args = if heap {
             self.words[0] as *mut u8
         } else {
-            self.words.as_mut_ptr().cast()
+            self.words.as_ptr().cast_mut().cast()
         };
-        let node = Task::new(self.thread, self.meta & META_FINAL != 0);
-        let old = enter_task(&node);
-        // SAFETY: GCC's task function on its arguments.
-        unsafe { (self.f)(args.cast()) };
-        wait_children(&node);
-        leave_task(old);
+        (args, heap)
+    }
+
+    /// Frees a private argument buffer.
+    fn free(&self, args: *mut u8, heap: bool) {
         if heap {
             let _rt = RuntimeGuard::enter();
             // SAFETY: allocated in `new` with this layout.
@@ -150,6 +166,19 @@ impl Job {
                 )
             };
         }
+    }
+
+    /// Runs the task as the running thread's task (`word`: that thread's
+    /// word, which points to its current task).
+    fn run_with(self, word: &core::cell::Cell<usize>) {
+        let (args, heap) = self.args();
+        let node = Task::new(self.thread, self.meta & META_FINAL != 0);
+        let old = word.replace(&node as *const Task as usize);
+        // SAFETY: GCC's task function on its arguments.
+        unsafe { (self.f)(args.cast()) };
+        wait_children(&node);
+        word.set(old);
+        self.free(args, heap);
     }
 }
 
@@ -181,29 +210,37 @@ pub unsafe extern "C" fn GOMP_task(
     }
     let size = arg_size.max(0) as usize;
     let align = arg_align.max(1) as usize;
-    let parent = current_task();
-    let is_final = parent.is_some_and(|p| p.is_final) || flags & FLAG_FINAL != 0;
-    let thread = parent.map_or(core::ptr::null(), |p| p.thread.get());
-    // SAFETY: the caller's contract; copied before the creator goes on.
-    let job = unsafe { Job::new(f, thread, data, copy, size, align, is_final) };
-    let Some(parent) = parent else {
-        // Outside the program's threads: run it here.
-        return job.run();
-    };
-    // Undeferred: `if(0)`, a final parent, or enough queued work here for
-    // idle workers to steal (libgomp throttles task creation alike).
-    if !if_clause
-        || parent.is_final
-        || ct_worker::current_queue_len_in::<TeamConfig>().is_some_and(|n| n >= QUEUED_ENOUGH)
-    {
-        return job.run();
-    }
-    // The scheduler's own allocations stay out of the DSM heap.
-    let _private = crate::heap::private_allocations();
-    match ct_worker::defer_in::<TeamConfig, _>(move || job.run()) {
-        // SAFETY: only the task's own code touches its children.
-        Some(d) => unsafe { (*parent.children.get()).push(Child(d)) },
-        None => die("GOMP_task called outside the runtime's threads"),
+    // One lookup finds the running task and how much work is queued here.
+    let ran = ct_worker::with_current_thread_word_in::<TeamConfig, _>(|word, queued| {
+        let p = word.get() as *const Task;
+        // SAFETY: the word is 0 or points to the running task (`enter_task`).
+        let parent = (!p.is_null()).then(|| unsafe { &*p });
+        let is_final = parent.is_some_and(|p| p.is_final) || flags & FLAG_FINAL != 0;
+        let thread = parent.map_or(core::ptr::null(), |p| p.thread.get());
+        // SAFETY: the caller's contract; copied before the creator goes on.
+        let job = unsafe { Job::new(f, thread, data, copy, size, align, is_final) };
+        // Undeferred: outside the program's tasks, `if(0)`, a final parent,
+        // or enough queued work here for idle workers to steal (libgomp
+        // throttles task creation alike).
+        let Some(parent) = parent else {
+            return job.run_with(word);
+        };
+        if !if_clause || parent.is_final || queued >= QUEUED_ENOUGH {
+            return job.run_with(word);
+        }
+        // The scheduler's own allocations stay out of the DSM heap.
+        let _private = crate::heap::private_allocations();
+        match ct_worker::defer_in::<TeamConfig, _>(move || job.run()) {
+            // SAFETY: only the task's own code touches its children.
+            Some(d) => unsafe { (*parent.children.get()).push(Child(d)) },
+            None => die("GOMP_task called outside the runtime's threads"),
+        }
+    });
+    if ran.is_none() {
+        // Outside the runtime's threads (a thread the program created
+        // itself): run it here.
+        // SAFETY: the caller's contract.
+        unsafe { Job::new(f, core::ptr::null(), data, copy, size, align, true) }.run();
     }
 }
 

@@ -318,6 +318,33 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         self.space.compare_exchange(word as usize, expected, new)
     }
 
+    /// [`Dsm::compare_exchange`] without ordering (a relaxed atomic): the
+    /// operation is atomic on the coherent copy of the word's block (a
+    /// transaction under the block's global lock) and becomes visible to
+    /// other processes at their next acquire after this process's next
+    /// release, like a plain write — but it never races with the other
+    /// processes' relaxed atomics on the same word. Much cheaper than the
+    /// ordered form: no fence, no synchronisation object. For operations
+    /// whose ordering comes from elsewhere (a barrier after an OpenMP
+    /// reduction).
+    pub fn compare_exchange_relaxed(
+        &self,
+        word: *mut u64,
+        expected: u64,
+        new: u64,
+    ) -> DsmResult<Result<u64, u64>> {
+        let old = self
+            .space
+            .atomic_in_block(word as usize, AtomicOp::CompareExchange(expected, new))?;
+        Ok(if old == expected { Ok(old) } else { Err(old) })
+    }
+
+    /// Reads the DSM word at `word` from the coherent copy of its block,
+    /// without ordering (see [`Dsm::compare_exchange_relaxed`]).
+    pub fn load_relaxed(&self, word: *const u64) -> DsmResult<u64> {
+        self.space.atomic_in_block(word as usize, AtomicOp::Load)
+    }
+
     /// Reads the DSM word at `word` with acquire semantics.
     pub fn load_acquire(&self, word: *const u64) -> DsmResult<u64> {
         self.space.atomic(word as usize, AtomicOp::Load, false)

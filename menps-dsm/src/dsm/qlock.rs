@@ -141,7 +141,13 @@ pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Grant
             let o = com.compare_and_swap(target, RAW_LOCKED, link_raw(me))?;
             if o == RAW_LOCKED {
                 let (_, lad) = com.recv(Source::Rank(p), site.tag)?;
-                return Ok(Granted::HandOff(p, lad));
+                // An empty hand-off: the LAD was too large for a message and
+                // waits in the previous holder's slot.
+                return Ok(if lad.is_empty() {
+                    Granted::FromOwner(p)
+                } else {
+                    Granted::HandOff(p, lad)
+                });
             }
             o
         } else {
@@ -167,13 +173,13 @@ pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Grant
 }
 
 /// Releases the lock. `store_lad` writes the LAD into this process's slot
-/// (called only if the lock becomes free here); otherwise `lad` goes to the
-/// successor.
+/// (called if the lock becomes free here, or if `lad` is too large for a
+/// message); otherwise `lad` goes to the successor in a message.
 pub(crate) fn unlock<C: Communicator>(
     com: &C,
     site: &LockSite,
     lad: &[u8],
-    store_lad: impl FnOnce() -> DsmResult<()>,
+    store_lad: impl Fn() -> DsmResult<()>,
 ) -> DsmResult<()> {
     let me = com.rank();
     let mine = site.word(me);
@@ -190,7 +196,15 @@ pub(crate) fn unlock<C: Communicator>(
     }
     match site.decode(me, raw) {
         Word::Link(next) => {
-            com.send(next, site.tag, lad)?;
+            if lad.is_empty() || lad.len() > com.max_message_bytes() {
+                // Too large for a message (a release signature with many
+                // write notices): the successor reads it from our slot.
+                store_lad()?;
+                com.flush(me)?;
+                com.send(next, site.tag, &[])?;
+            } else {
+                com.send(next, site.tag, lad)?;
+            }
             Ok(())
         }
         other => Err(DsmError::Misuse(format!(

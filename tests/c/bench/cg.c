@@ -1,6 +1,8 @@
 /* CG-like kernel: a fixed number of conjugate gradient iterations on a
  * sparse symmetric positive definite matrix in CSR form, like the inner
- * solve of NPB's CG.
+ * solve of NPB's CG, with NPB CG's shapes: order n = 1400 / 7000 / 14000
+ * (classes S / W / A) with about 57 / 73 / 133 entries per row (NPB's
+ * 78148 / 508402 / 1853104 nonzeros), and NPB's 15 x 25 = 375 iterations.
  *
  * The matrix (order n) has, in every row i, the diagonal and the entries
  * (i, i +- d) mod n for K offsets d spread over [1, n/2) (so the columns
@@ -24,7 +26,7 @@
 
 #include "kernel.h"
 
-#define K 7 /* offsets: 2K+1 entries per row */
+#define KMAX 66 /* offsets (class A): 2K+1 entries per row */
 #define SHIFT 0.01 /* diagonal minus the off-diagonal magnitudes */
 
 struct csr {
@@ -46,9 +48,9 @@ static double pair_value(long i, long j)
     return 0.1 + (double)(h >> 11) / (double)(1ULL << 53);
 }
 
-static struct csr build(long n)
+static struct csr build(long n, int K)
 {
-    long d[K];
+    long d[KMAX];
     /* Offsets: 1, then spread over [1, n/2) by a fixed stride. */
     d[0] = 1;
     for (int k = 1; k < K; k++)
@@ -176,14 +178,15 @@ static double cg_parallel(const struct csr *a, const double *b, double *x,
 
 int main(int argc, char **argv)
 {
-    static const long n_of_class[] = {1L << 17, 1L << 18, 1L << 19};
-    static const int iters_of_class[] = {60, 200, 400};
+    static const long n_of_class[] = {1400, 7000, 14000};
+    static const int k_of_class[] = {28, 36, 66};
+    static const int iters_of_class[] = {375, 375, 375};
     int cls = kernel_class(argc, argv, "cg");
     long n = n_of_class[cls];
     int iters = iters_of_class[cls];
     int threads = kernel_team_size();
 
-    struct csr a = build(n);
+    struct csr a = build(n, k_of_class[cls]);
     double *b = malloc(n * sizeof *b), *x = malloc(n * sizeof *x),
            *xs = malloc(n * sizeof *xs);
     for (long i = 0; i < n; i++)

@@ -74,6 +74,9 @@ pub use slots::SlotRegion;
 
 use map::Request;
 
+/// Coherence block of the call-stack region: a page.
+const STACK_BLOCK_BYTES: usize = 8192;
+
 /// The memory-management state a [`Dsm`] holds: its heap, whether the
 /// globals segment exists, and its slot regions.
 pub(crate) struct MemState<U: UltItf> {
@@ -117,28 +120,32 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     }
 
     /// Collectively creates a slot region of `per_process` slots of
-    /// `slot_size` bytes per process, one block per slot (and one guard
-    /// block before each if `guarded`).
+    /// `slot_size` bytes per process, in blocks of `block_size` bytes (a
+    /// divisor of `slot_size`), and a guard of `slot_size` bytes before
+    /// each slot if `guarded`.
     fn slot_region(
         &self,
         kind: RegionKind,
         slot_size: usize,
+        block_size: usize,
         guarded: bool,
         per_process: usize,
     ) -> DsmResult<SlotRegion> {
-        let req = super::config::check_block_size(slot_size).and_then(|()| {
-            let size = slot_size
-                .checked_mul(1 + usize::from(guarded))
-                .and_then(|s| s.checked_mul(per_process))
-                .and_then(|s| s.checked_mul(self.nprocs()))
-                .ok_or_else(|| DsmError::InvalidArgument(format!("{kind} too large")))?;
-            Ok(Request {
-                kind,
-                size,
-                block_size: slot_size,
-                at: None,
-            })
-        });
+        let req = super::config::check_block_size(slot_size)
+            .and_then(|()| super::config::check_block_size(block_size))
+            .and_then(|()| {
+                let size = slot_size
+                    .checked_mul(1 + usize::from(guarded))
+                    .and_then(|s| s.checked_mul(per_process))
+                    .and_then(|s| s.checked_mul(self.nprocs()))
+                    .ok_or_else(|| DsmError::InvalidArgument(format!("{kind} too large")))?;
+                Ok(Request {
+                    kind,
+                    size,
+                    block_size: block_size.min(slot_size),
+                    at: None,
+                })
+            });
         let region = self.space.create_region(req, Init::Zero)?;
         Ok(SlotRegion::new(
             region,
@@ -208,7 +215,10 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
                 "the DSM is configured without call stacks (MENPS_DSM_STACKS is 0)".into(),
             ))
         } else {
-            self.slot_region(RegionKind::Stacks, size, true, n)
+            // Stacks in small blocks: a thread's frame that others read
+            // (main's locals, a region's shared data) moves by the page
+            // when it changes, not as a whole stack.
+            self.slot_region(RegionKind::Stacks, size, STACK_BLOCK_BYTES, true, n)
         }?;
         Ok(self.mem.stacks.get_or_init(|| r))
     }
@@ -223,7 +233,13 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     ) -> DsmResult<&SlotRegion> {
         // A second call fails in the address map (the region exists), in
         // every process alike.
-        let r = self.slot_region(RegionKind::ThreadLocal, block_bytes, false, per_process)?;
+        let r = self.slot_region(
+            RegionKind::ThreadLocal,
+            block_bytes,
+            block_bytes,
+            false,
+            per_process,
+        )?;
         Ok(self.mem.tls.get_or_init(|| r))
     }
 
