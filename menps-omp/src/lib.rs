@@ -81,8 +81,8 @@
 //!
 //! # Performance across processes
 //!
-//! The DSM moves whole blocks (4 KiB pages of the heap; a whole call stack
-//! is one block) and publishes, at every barrier, what each process wrote
+//! The DSM moves whole blocks (4 KiB pages of the heap, 8 KiB blocks of
+//! call stacks) and publishes, at every barrier, what each process wrote
 //! since the last one. What keeps a program fast:
 //!
 //! - Each thread writes its own contiguous part of a shared array (static
@@ -94,9 +94,9 @@
 //!   DSM.
 //! - Scratch memory of one thread in the private heap ([`private`]).
 //! - Few, long regions: a region's team reads the starting thread's frame
-//!   (the closure and what it borrows), a whole call stack
-//!   (`OMP_STACKSIZE`), fetched again by the other processes after that
-//!   frame changed; a region costs two DSM barriers besides.
+//!   (the closure and what it borrows), fetched again by the other
+//!   processes after that frame changed; a region costs two DSM barriers
+//!   besides.
 //!
 //! On one process there is no DSM traffic at all: barriers are in-process.
 //!

@@ -177,8 +177,8 @@ impl Builder {
                 let p = b.max(4096).next_power_of_two();
                 if p > 1 << 20 {
                     Err(Error::Config(format!(
-                        "a stack of {b} bytes: team threads' stacks are at most 1 MiB (one DSM \
-                         block)"
+                        "a stack of {b} bytes: team threads' stacks are at most 1 MiB (the DSM's \
+                         largest stack slot)"
                     )))
                 } else {
                     Ok(p)

@@ -187,7 +187,7 @@ impl DsmConfig {
             check_block_size(self.stack_size).map_err(|_| {
                 DsmError::Config(format!(
                     "stack size {} is not a power of two between {MIN_BLOCK_SIZE} and \
-                     {MAX_BLOCK_SIZE} (a DSM call stack is one block)",
+                     {MAX_BLOCK_SIZE} (DSM call stacks are power-of-two slots)",
                     self.stack_size
                 ))
             })?;

@@ -128,7 +128,7 @@ use space::{AtomicOp, Space};
 impl<C: Communicator + 'static, U: UltItf> fault::FaultResolver for Space<C, U> {
     fn owns(&self, addr: usize) -> bool {
         self.locate(addr)
-            .is_some_and(|(seg, idx)| !Self::is_guard_block(seg, idx))
+            .is_some_and(|(seg, idx)| !self.is_guard_block(seg, idx))
     }
 
     fn is_stack_guard(&self, addr: usize) -> bool {

@@ -440,8 +440,8 @@ fn gcd(a: usize, b: usize) -> usize {
 }
 
 /// What the team works with. Each thread copies it into its own frame when
-/// the region starts: `main`'s frame is one DSM block (a whole call stack),
-/// which the other processes fetch again whenever process 0 changed it, so
+/// the region starts: `main`'s frame is DSM memory, which the other
+/// processes fetch again whenever process 0 changed it, so
 /// the hot loops should not read through it. (While a team runs, the
 /// runtime leaves `main`'s frame alone; an earlier runtime wrote its team
 /// barrier there, and reading the captures in every CG iteration then made

@@ -18,10 +18,12 @@
 //!
 //! **Stacks** and **thread-local blocks** are [`SlotRegion`]s: equal slots,
 //! each process owning a contiguous share, handed out without
-//! communication. A stack slot is one coherence block, so pinning a running
-//! thread's stack is one block operation; below each stack lies a guard
-//! block that is never made accessible, so an overflow ends the process
-//! with a message instead of corrupting the next stack.
+//! communication. Stacks are made of 8 KiB coherence blocks, so a frame
+//! that other processes read (`main`'s locals, a region's shared data)
+//! moves by the block when it changes, not as a whole stack; below each
+//! stack lies a guard of a stack's size that is never made accessible, so
+//! an overflow ends the process with a message instead of corrupting the
+//! next stack.
 //!
 //! An **adopted range** is memory the program already has — a `static`, or
 //! a C executable's `.data`/`.bss` — kept at its own address: process 0's

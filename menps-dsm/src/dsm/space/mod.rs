@@ -381,13 +381,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     #[inline]
     pub fn is_stack_guard(&self, addr: usize) -> bool {
         self.locate(addr)
-            .is_some_and(|(seg, idx)| Self::is_guard_block(seg, idx))
+            .is_some_and(|(seg, idx)| self.is_guard_block(seg, idx))
     }
 
-    /// Whether block `idx` of `seg` is a stack guard block.
+    /// Whether block `idx` of `seg` lies in a stack's guard: the stack
+    /// region holds, per stack, a guard of one stack's size, then the
+    /// stack, each of `stack_size / block_size` blocks.
     #[inline]
-    pub fn is_guard_block(seg: &Segment<U>, idx: usize) -> bool {
-        Some(seg.id) == RegionKind::Stacks.fixed_id() && idx.is_multiple_of(2)
+    pub fn is_guard_block(&self, seg: &Segment<U>, idx: usize) -> bool {
+        let per_stack = (self.cfg.stack_size / seg.block_size).max(1);
+        Some(seg.id) == RegionKind::Stacks.fixed_id() && idx % (2 * per_stack) < per_stack
     }
 
     /// Block size of the segment holding `addr`.

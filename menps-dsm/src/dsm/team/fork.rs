@@ -684,9 +684,9 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             // Every team thread is a new user-level thread: `main` (or the
             // serving thread) only waits, so its frame — where the fork's
             // closure and what it borrows live, and which every process
-            // reads — is not written while the team runs (one DSM block per
-            // stack: a `main` busy in its own frame would make the others
-            // fetch the whole stack again after every team barrier).
+            // reads — is not written while the team runs (a `main` busy in
+            // its own frame would make the others fetch its blocks again
+            // after every team barrier).
             ct_worker::scope_in::<TeamConfig, _, _>(|s| {
                 for local in 0..tpp {
                     let thread = &thread;
