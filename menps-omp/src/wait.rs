@@ -77,3 +77,15 @@ impl Waiter {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_policies_parse_in_any_case() {
+        assert_eq!(WaitPolicy::parse(" ACTIVE "), Some(WaitPolicy::Active));
+        assert_eq!(WaitPolicy::parse("passive"), Some(WaitPolicy::Passive));
+        assert_eq!(WaitPolicy::parse("busy"), None);
+    }
+}

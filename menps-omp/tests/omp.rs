@@ -547,7 +547,12 @@ fn omp_job(scenario: &str, procs: usize, env: &[(&str, &str)]) -> JobRun {
     let tag = new_tag(scenario);
     let mut cmd = clean_cmd(std::env::current_exe().unwrap());
     entry_args(&mut cmd);
-    for k in ["OMP_NUM_THREADS", "OMP_SCHEDULE", "OMP_STACKSIZE"] {
+    for k in [
+        "OMP_NUM_THREADS",
+        "OMP_SCHEDULE",
+        "OMP_STACKSIZE",
+        "OMP_WAIT_POLICY",
+    ] {
         cmd.env_remove(k);
     }
     cmd.env(SCENARIO, scenario)
@@ -691,6 +696,7 @@ fn bad_settings_are_errors_that_name_the_variable() {
         (("OMP_SCHEDULE", "fastest"), "OMP_SCHEDULE"),
         (("OMP_STACKSIZE", "64M"), "at most 1 MiB"),
         (("OMP_STACKSIZE", "lots"), "OMP_STACKSIZE"),
+        (("OMP_WAIT_POLICY", "busy"), "OMP_WAIT_POLICY=\"busy\""),
     ] {
         let run = omp_job("settings", 2, &[env]);
         assert!(!run.status.success(), "{env:?}: {}", run.dump());

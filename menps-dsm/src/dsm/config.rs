@@ -12,8 +12,9 @@
 //! | `MENPS_DSM_WN_LIST` | write notices a signature keeps before truncating (hybrid only) | `1024` |
 //! | `MENPS_DSM_LEASE` | logical lease added to a block's read timestamp | `10` |
 //! | `MENPS_DSM_HEAP_SIZE` | size of the DSM heap (`k`/`M`/`G` suffixes) | `1G` |
+//! | `MENPS_DSM_HEAP_BLOCK_SIZE` | coherence block of the DSM heap (power of two, 4 KiB .. 1 MiB; a divisor of the heap size) | `4k` |
 //! | `MENPS_DSM_MUTEXES` | number of DSM mutexes that can exist at once | `1024` |
-//! | `MENPS_DSM_STACK_SIZE` | size of a call stack in the DSM (one block: power of two, 4 KiB .. 1 MiB) | `128k` |
+//! | `MENPS_DSM_STACK_SIZE` | size of a call stack in the DSM (power of two, 4 KiB .. 1 MiB; in 8 KiB blocks) | `128k` |
 //! | `MENPS_DSM_STACKS` | call stacks each process can have at once (0: no stack region) | `32` |
 //!
 //! Builder values are defaults; the variables override them.
@@ -166,6 +167,9 @@ impl DsmConfig {
         }
         if let Some(v) = var("MENPS_DSM_HEAP_SIZE") {
             self.heap_size = parse_size("MENPS_DSM_HEAP_SIZE", &v)?;
+        }
+        if let Some(v) = var("MENPS_DSM_HEAP_BLOCK_SIZE") {
+            self.heap_block_size = parse_size("MENPS_DSM_HEAP_BLOCK_SIZE", &v)?;
         }
         if let Some(v) = var("MENPS_DSM_MUTEXES") {
             self.max_mutexes = parse_size("MENPS_DSM_MUTEXES", &v)?;
