@@ -73,6 +73,20 @@ impl From<String> for Param {
     }
 }
 
+/// The processor's model name (`/proc/cpuinfo`'s first `model name`), or
+/// `unknown`: benchmarks name the processor their figures came from.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
 /// Summary of repeated measurements.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Stats {

@@ -623,17 +623,6 @@ pub fn with_current_thread_word_in<C: Config, R>(
     Some(f(&t.desc().user_word, queued))
 }
 
-/// Threads and jobs waiting in the deque of the worker running the caller
-/// (a snapshot; `None` outside a user-level thread of a `C` runtime). A
-/// runtime that may run a task at once instead of deferring it (OpenMP's
-/// tasks) can use it as a throttle: with many items queued here, idle
-/// workers have enough to steal.
-pub fn current_queue_len_in<C: Config>() -> Option<usize> {
-    Worker::<C>::current()
-        .filter(|w| w.running().is_some())
-        .map(|w| w.queue_len())
-}
-
 /// Runs a deferred closure inline.
 ///
 /// # Safety

@@ -123,8 +123,8 @@ pub use deque::{
 };
 pub use error::{Error, Result};
 pub use handle::{
-    Deferred, JoinHandle, current_queue_len_in, defer_in, join, join_in, spawn, spawn_in,
-    try_spawn_in, with_current_thread_word_in, yield_now, yield_now_in,
+    Deferred, JoinHandle, defer_in, join, join_in, spawn, spawn_in, try_spawn_in,
+    with_current_thread_word_in, yield_now, yield_now_in,
 };
 pub use hook::{LeaveReason, NoHook, SwitchHook, UltThread};
 pub use idle::{IdleHook, IdleMode, defer_until_idle};

@@ -43,6 +43,27 @@ pub unsafe extern "C" fn GOMP_parallel(
     unsafe { parallel_region(f, data, num_threads, LoopState::default()) }
 }
 
+/// The thread that encounters a region (`what` names the construct for
+/// the message if there is none), the team size it asks for, and whether
+/// the region forks a team: only `main`'s initial task on process 0 does,
+/// for more than one thread (nested regions run on one thread).
+fn encountered(what: &str, num_threads: c_uint) -> (&'static CThread, usize, bool) {
+    let me = current_thread().unwrap_or_else(|| {
+        die(&format!(
+            "{what} outside the OpenMP program's threads (a thread the program created itself?)"
+        ))
+    });
+    let n = if num_threads > 0 {
+        num_threads as usize
+    } else {
+        me.nthreads_var.get()
+    };
+    let is_main = current_task().is_some_and(|t| core::ptr::eq(t, &me.task))
+        && me.level == 0
+        && rt().dsm.rank() == 0;
+    (me, n, is_main && n > 1)
+}
+
 /// Runs a region whose threads start in loop `preset` (none if its kind is
 /// `None`).
 ///
@@ -55,19 +76,9 @@ pub(crate) unsafe fn parallel_region(
     num_threads: c_uint,
     preset: LoopState,
 ) {
-    let me = current_thread().unwrap_or_else(|| {
-        die("a parallel region started outside the OpenMP program's threads (a thread the program created itself?)")
-    });
+    let (me, n, forks) = encountered("a parallel region", num_threads);
     let rt = rt();
-    let n = if num_threads > 0 {
-        num_threads as usize
-    } else {
-        me.nthreads_var.get()
-    };
-    let is_main = current_task().is_some_and(|t| core::ptr::eq(t, &me.task))
-        && me.level == 0
-        && rt.dsm.rank() == 0;
-    if !is_main || n <= 1 {
+    if !forks {
         // SAFETY: forwarded.
         return unsafe { serial_region(me, f, data, preset) };
     }
@@ -210,19 +221,8 @@ pub(crate) unsafe fn parallel_start(
     num_threads: c_uint,
     preset: LoopState,
 ) {
-    let me = current_thread().unwrap_or_else(|| {
-        die("GOMP_parallel_start outside the OpenMP program's threads (a thread the program created itself?)")
-    });
+    let (me, n, team) = encountered("GOMP_parallel_start", num_threads);
     let rt = rt();
-    let n = if num_threads > 0 {
-        num_threads as usize
-    } else {
-        me.nthreads_var.get()
-    };
-    let is_main = current_task().is_some_and(|t| core::ptr::eq(t, &me.task))
-        && me.level == 0
-        && rt.dsm.rank() == 0;
-    let team = is_main && n > 1;
     // The region's description goes where every process can read it: the
     // caller's allocations are DSM memory (process 0's `main`).
     let region = Box::into_raw(Box::new(Region {

@@ -91,7 +91,7 @@ fn main() {
             })
         })
         .collect();
-    let cpu = cpu_model();
+    let cpu = ct_bench::cpu_model();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build()
@@ -245,17 +245,4 @@ fn child() {
         eprintln!("{e}");
         std::process::exit(1);
     }
-}
-
-/// The processor's model name.
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
 }

@@ -145,7 +145,7 @@ fn main() {
     }
 
     check_library();
-    let cpu = cpu_model();
+    let cpu = ct_bench::cpu_model();
     eprintln!(
         "gomp_kernels: processor {cpu}; library {}",
         tests::our_library().display()
@@ -401,17 +401,4 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
         newest = newest.max(t);
     }
     newest
-}
-
-/// The processor's model name (`/proc/cpuinfo`).
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
 }
