@@ -82,6 +82,11 @@ fn single_writer_through_mutex_never_stale_all_policies() {
 }
 
 #[test]
+fn flush_wavefront_all_policies() {
+    run_everywhere("flush_wavefront", &[2, 3, 4]);
+}
+
+#[test]
 fn user_level_threads_fault_park_and_migrate() {
     for &pol in &POLICIES[..2] {
         let run = job("ult_faults", 2, pol);

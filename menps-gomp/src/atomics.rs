@@ -27,6 +27,26 @@
 //! cheap for reductions (one per thread and region), slow for an `atomic`
 //! inside a hot loop. Locked instructions in shared libraries (libc's own
 //! locks, say) are left alone: they must not operate on DSM memory.
+//!
+//! # Fences: `#pragma omp flush`
+//!
+//! GCC compiles `flush` (and `__sync_synchronize`) to a locked no-op on the
+//! stack, `lock orq $0,(%rsp)`, with no call into the runtime; other
+//! compilers emit `mfence`. Both are fences of one processor's memory
+//! only: a thread waiting for a flag another process sets would spin on
+//! its stale copy for ever. They are patched too, and their handler runs
+//! a DSM flush ([`menps_dsm::dsm::Dsm::flush`]): this process's writes are
+//! published, and those other processes published by flushing are
+//! acquired. A flush that neither published nor acquired anything is a
+//! wait loop's: the thread backs off as every waiting thread of the runtime
+//! does (menps-omp's `Waiter`: processor hints, then yielding the
+//! user-level thread and the processor, then short sleeps), so a waiter
+//! does not take the core of the process it waits for.
+//!
+//! In a job of one process, fences are patched only when the team has more
+//! threads than the process has workers: a wait loop could then hold the
+//! worker that the thread it waits for needs, so the handler yields the
+//! user-level thread after the fence.
 
 use core::ffi::{c_int, c_void};
 use core::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +54,8 @@ use std::sync::OnceLock;
 
 use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
 use menps_dsm::dsm::allocator::RuntimeGuard;
+use menps_dsm::dsm::team::TeamConfig;
+use menps_omp::internals::Waiter;
 
 use crate::die;
 use menps_omp::Error;
@@ -42,6 +64,17 @@ use menps_omp::Error;
 struct Patch {
     addr: usize,
     instr: Instruction,
+    /// Whether it is a fence (`mfence`, or a locked no-op).
+    fence: bool,
+}
+
+/// Which instructions [`install`] patches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Patching {
+    /// Locked instructions and fences (a job of several processes).
+    All,
+    /// Fences only (one process with more team threads than workers).
+    Fences,
 }
 
 /// The patched instructions, by address.
@@ -83,9 +116,33 @@ fn is_locked_rmw(i: &Instruction) -> bool {
     mem && (i.has_lock_prefix() || i.mnemonic() == Mnemonic::Xchg)
 }
 
-/// Finds and patches the executable's locked instructions, and installs
-/// the breakpoint handler (every process of a job of several).
-pub(crate) fn install(exe: &crate::image::Executable) -> Result<(), Error> {
+/// Whether `i` is a fence: `mfence`, or a locked read-modify-write that
+/// changes nothing (`lock or $0`, `lock add $0` …: GCC's full barrier).
+fn is_fence(i: &Instruction) -> bool {
+    if i.mnemonic() == Mnemonic::Mfence {
+        return true;
+    }
+    let zero_imm = matches!(
+        i.op_kind(1),
+        OpKind::Immediate8
+            | OpKind::Immediate16
+            | OpKind::Immediate32
+            | OpKind::Immediate8to16
+            | OpKind::Immediate8to32
+            | OpKind::Immediate8to64
+            | OpKind::Immediate32to64
+    ) && i.immediate(1) == 0;
+    is_locked_rmw(i)
+        && matches!(
+            i.mnemonic(),
+            Mnemonic::Or | Mnemonic::Add | Mnemonic::Sub | Mnemonic::Xor
+        )
+        && zero_imm
+}
+
+/// Finds and patches the executable's locked instructions and fences (or
+/// its fences only), and installs the breakpoint handler.
+pub(crate) fn install(exe: &crate::image::Executable, what: Patching) -> Result<(), Error> {
     let Some((text, size)) = text_section(exe.bias) else {
         return Err(Error::Config(
             "cannot find the executable's .text section (to handle its locked instructions)".into(),
@@ -100,10 +157,15 @@ pub(crate) fn install(exe: &crate::image::Executable) -> Result<(), Error> {
         let mut i = Instruction::default();
         while d.can_decode() {
             d.decode_out(&mut i);
-            if !i.is_invalid() && is_locked_rmw(&i) {
+            if i.is_invalid() {
+                continue;
+            }
+            let fence = is_fence(&i);
+            if fence || (what == Patching::All && is_locked_rmw(&i)) {
                 out.push(Patch {
                     addr: i.ip() as usize,
                     instr: i,
+                    fence,
                 });
             }
         }
@@ -182,8 +244,48 @@ unsafe extern "C" fn on_trap(_sig: c_int, _info: *mut libc::siginfo_t, uctx: *mu
     // interrupted stack (a user-level thread's, with room like any call),
     // and nothing here needs a destructor.
     let _ = unsafe {
-        ct_context::trap::run_on_interrupted_stack_with(uctx, move |uc| emulate(uc, patch))
+        ct_context::trap::run_on_interrupted_stack_with(uctx, move |uc| {
+            if patch.fence {
+                flush(uc, patch)
+            } else {
+                emulate(uc, patch)
+            }
+        })
     };
+}
+
+std::thread_local! {
+    /// The back-off of wait loops that flush (per OS thread: a loop's
+    /// state, taken out while it waits).
+    static FLUSH_WAIT: core::cell::Cell<Waiter> = core::cell::Cell::new(Waiter::new());
+}
+
+/// Performs the patched fence: a DSM flush in a job of several processes
+/// (backing off when it changed nothing), a yield in one process; resumes
+/// after it.
+fn flush(uc: *mut libc::ucontext_t, patch: &Patch) {
+    core::sync::atomic::fence(Ordering::SeqCst);
+    match menps_omp::internals::runtime().filter(|rt| rt.dsm.nprocs() > 1) {
+        Some(rt) => {
+            let productive = {
+                let _rt = RuntimeGuard::enter();
+                rt.dsm
+                    .flush()
+                    .unwrap_or_else(|e| die(&format!("flush: {e}")))
+            };
+            let mut w = FLUSH_WAIT.take();
+            if productive {
+                w = Waiter::new();
+            } else {
+                w.wait();
+            }
+            FLUSH_WAIT.set(w);
+        }
+        None => ct_worker::yield_now_in::<TeamConfig>(),
+    }
+    // SAFETY: the relocated frame of the interrupted code, ours to change.
+    let frame = unsafe { &mut (*uc).uc_mcontext.gregs };
+    frame[libc::REG_RIP as usize] = (patch.addr + patch.instr.len()) as i64;
 }
 
 /// An instruction for a message: its mnemonic and address.
@@ -605,6 +707,27 @@ mod tests {
         assert_eq!(g[libc::REG_RAX as usize] as u64, 0x1122_3344_5566_abcd);
         write_reg(&mut g, Register::EAX, 1);
         assert_eq!(g[libc::REG_RAX as usize], 1);
+    }
+
+    #[test]
+    fn fences_are_told_from_locked_operations() {
+        // lock orq $0,(%rsp); mfence; lock addl $1,(%rax); lock orl $0x10,(%rbx); lock addq $0,8(%rdi)
+        let code = [
+            0xf0, 0x48, 0x83, 0x0c, 0x24, 0x00, 0x0f, 0xae, 0xf0, 0xf0, 0x83, 0x00, 0x01, 0xf0,
+            0x83, 0x0b, 0x10, 0xf0, 0x48, 0x83, 0x47, 0x08, 0x00,
+        ];
+        let mut d = Decoder::with_ip(64, &code, 0x1000, DecoderOptions::NONE);
+        let fences: Vec<(u64, bool)> = d.iter().map(|i| (i.ip(), is_fence(&i))).collect();
+        assert_eq!(
+            fences,
+            [
+                (0x1000, true),
+                (0x1006, true),
+                (0x1009, false),
+                (0x100d, false),
+                (0x1011, true)
+            ]
+        );
     }
 
     #[test]

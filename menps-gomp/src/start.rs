@@ -271,6 +271,14 @@ fn after_dsm(dsm: &'static ProgramDsm) -> Result<(), Error> {
 fn run_main(settings: &Settings, argc: c_int, argv: usize, envp: usize) -> c_int {
     let rt = crate::rt();
     let nthreads = rt.team_size.load(Ordering::Relaxed);
+    if rt.dsm.nprocs() == 1 && nthreads > rt.team.workers() {
+        // More team threads than workers: a thread that waits by flushing
+        // in a loop must let the others of its worker run.
+        let exe = crate::image::read_executable();
+        if let Err(e) = crate::atomics::install(&exe, crate::atomics::Patching::Fences) {
+            die(&e.to_string());
+        }
+    }
     let initial = {
         let _rt = RuntimeGuard::enter();
         let t = Box::new(CThread::initial(nthreads, settings.schedule));

@@ -98,6 +98,24 @@ impl<'r> Thread<'r> {
         }
     }
 
+    /// Flush (`#pragma omp flush`): this thread's writes so far become
+    /// visible to any thread that flushes afterwards, in any process, and
+    /// what other threads published by flushing before is visible after
+    /// it. For flag synchronisation, flush between the data and the flag on
+    /// both sides: write the data, flush, set the flag, flush; wait until
+    /// the flag is seen (flushing in the loop), flush, read the data. A wait
+    /// loop should back off: across processes a flush costs a release fence
+    /// and a remote read per process. Returns whether the flush published or
+    /// acquired anything (always `true` in a job of one process).
+    pub fn flush(&self) -> bool {
+        core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+        let rt = self.rt();
+        if rt.dsm.nprocs() == 1 {
+            return true;
+        }
+        rt.dsm.flush().unwrap_or_else(|e| fail("flush", e))
+    }
+
     /// Runs `f` on thread 0 only (`#pragma omp master`; no barrier).
     pub fn master<R>(&self, f: impl FnOnce() -> R) -> Option<R> {
         (self.thread_num() == 0).then(f)

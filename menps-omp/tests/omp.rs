@@ -51,6 +51,7 @@ fn constructs() -> String {
     ordered();
     borrowing(n, procs);
     barriers(n);
+    flushes(n);
     recursion();
     tasks();
     nested();
@@ -322,6 +323,48 @@ fn barriers(n: usize) {
         }
     });
     drop(slots);
+}
+
+/// Flag synchronisation through flushes only: a token goes round the team
+/// (thread `k` waits for thread `k - 1`'s flag), each holder checking the
+/// previous holder's data and writing its own.
+fn flushes(n: usize) {
+    const ROUNDS: u64 = 20;
+    const WORDS: usize = 2048;
+    let mut cells = vec![0u64; WORDS + 8 * n];
+    let p = cells.as_mut_ptr() as usize;
+    menps_omp::parallel(|t| {
+        let (data, flags) = (p as *mut u64, (p as *mut u64).wrapping_add(WORDS));
+        let me = t.thread_num();
+        let flag = |k: usize| flags.wrapping_add(8 * k);
+        for round in 0..ROUNDS {
+            let step = round * n as u64 + me as u64 + 1;
+            if step > 1 {
+                let prev = (me + n - 1) % n;
+                let mut w = menps_omp::internals::Waiter::new();
+                // SAFETY: `prev`'s flag, written by `prev` only.
+                while unsafe { flag(prev).read_volatile() } != step - 1 {
+                    if !t.flush() {
+                        w.wait();
+                    }
+                }
+                t.flush();
+                for i in 0..WORDS {
+                    // SAFETY: written by `prev` before its flag (and a flush).
+                    assert_eq!(unsafe { data.add(i).read() }, step - 1 + i as u64);
+                }
+            }
+            for i in 0..WORDS {
+                // SAFETY: only the token holder writes the data.
+                unsafe { data.add(i).write(step + i as u64) };
+            }
+            t.flush();
+            // SAFETY: our own flag.
+            unsafe { flag(me).write_volatile(step) };
+            t.flush();
+        }
+    });
+    drop(cells);
 }
 
 /// Deep recursion with large frames on team threads' DSM stacks.

@@ -38,6 +38,7 @@ const TESTED: &[&str] = &[
     "data_sharing",
     "exit_call",
     "exit_status",
+    "flush_wavefront",
     "locks",
     "loop_schedules",
     "old_abi",
@@ -69,6 +70,11 @@ fn data_sharing() {
 #[test]
 fn loop_schedules() {
     check("loop_schedules", 0);
+}
+
+#[test]
+fn flush_wavefront() {
+    check("flush_wavefront", 0);
 }
 
 #[test]

@@ -268,6 +268,20 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         self.space.release_fence()
     }
 
+    /// Flush, as OpenMP's `flush` across processes: this process's writes so
+    /// far become visible to every process at its next flush (or acquire),
+    /// and what other processes published by flushing before this call is
+    /// visible after it — without a barrier or lock in common. Not
+    /// collective. Returns whether it published or acquired anything; a
+    /// thread that waits for another's flag by flushing in a loop should
+    /// back off while it returns `false`.
+    ///
+    /// Costs a release fence and one remote word read per other process
+    /// when nothing changed.
+    pub fn flush(&self) -> DsmResult<bool> {
+        self.space.flush()
+    }
+
     /// Allocates a DSM mutex (not collective; share its id).
     pub fn new_mutex(&self) -> DsmResult<DsmMutex> {
         self.space.mutex_alloc().map(DsmMutex)

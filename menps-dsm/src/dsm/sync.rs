@@ -12,6 +12,13 @@
 //!   lock-associated data is the releaser's signature; a local mutex of the
 //!   threading library serialises the threads of one process first. Ids
 //!   come from a bitmap at rank 0 and are reused after `free`.
+//! - **Flush** (a fence with no synchronisation object, OpenMP's `flush`):
+//!   release fence, then the process publishes its release signature in its
+//!   own slot of a window (a sequence lock: odd while being written), reads
+//!   the other processes' sequence numbers and acquires each signature that
+//!   changed since it last looked. Two processes that flush in turn thus
+//!   see each other's writes without meeting anywhere; a flush that finds
+//!   nothing new costs one remote word read per process.
 //! - **Atomics** run as a transaction on the word's block (which serialises
 //!   them with every merge of that block) inside a *sync slot*: one of 64
 //!   extra mutexes chosen by the block, whose signature gives them release
@@ -22,6 +29,7 @@ use ct_worker::UltItf;
 
 use crate::com::{Communicator, Tag, WindowId};
 
+use super::config::InvalidationPolicy;
 use super::error::{DsmError, DsmResult};
 use super::layout::MAX_SEGMENTS;
 use super::qlock::{self, Granted, LockSite};
@@ -54,6 +62,20 @@ pub(crate) struct SyncState<U: UltItf> {
     local: Box<[RawMutex<U>]>,
     /// Barrier epoch (and serialisation of barriers in this process).
     epoch: Mutex<u64, U>,
+    /// Flush slots: per process a sequence word, then a signature.
+    flush_win: WindowId,
+    /// This process's side of the flushes (and their serialisation).
+    flush: Mutex<FlushState, U>,
+}
+
+/// What one process knows of the flush slots.
+struct FlushState {
+    /// Sequence number of our slot (even: complete).
+    seq: u64,
+    /// The signature last published in our slot.
+    published: Vec<u8>,
+    /// Per process: the sequence number of its slot we last acquired.
+    seen: Vec<u64>,
 }
 
 impl<U: UltItf> SyncState<U> {
@@ -67,7 +89,14 @@ impl<U: UltItf> SyncState<U> {
         let mutex_win = com.create_window(total * mutex_slot)?;
         let key_off = max_mutexes.div_ceil(64) * 8;
         let alloc_win = com.create_window(key_off + max_mutexes * 8)?;
+        let flush_win = com.create_window(8 + sig_bytes)?;
         Ok(SyncState {
+            flush_win,
+            flush: Mutex::new_in(FlushState {
+                seq: 0,
+                published: Vec::new(),
+                seen: vec![0; com.size()],
+            }),
             sig_win,
             mutex_win,
             alloc_win,
@@ -160,6 +189,69 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         self.acquire(&mut ts)?;
         *epoch += 1;
         Ok(())
+    }
+
+    // -----------------------------------------------------------------
+    // Flush
+
+    /// Flush: this process's writes so far become visible to every process
+    /// at its next flush (or other acquire), and every write another process
+    /// published with a flush (or a lock release it passed on) before this
+    /// one is visible after it. Returns whether it published or acquired
+    /// anything — `false` tells a thread that waits for a flag by flushing
+    /// in a loop that it may back off.
+    pub fn flush(&self) -> DsmResult<bool> {
+        let _rt = self.enter()?;
+        let r = self.flush_inner();
+        r.map_err(|e| self.fail(e))
+    }
+
+    fn flush_inner(&self) -> DsmResult<bool> {
+        let s = self.sync();
+        let mut fl = s.flush.lock();
+        self.release_fence()?;
+        if self.cfg.invalidation == InvalidationPolicy::Directory {
+            // Invalidations arrive in our queue: draining it is the acquire.
+            let before = self.invalidations_drained();
+            self.acquire_inner(&mut Signature::new(0))?;
+            return Ok(self.invalidations_drained() != before);
+        }
+        let mut news = false;
+        let bytes = self.rel_sig.lock().to_bytes();
+        if bytes != fl.published {
+            let seq = s.flush_win.at(self.rank, 0);
+            // Odd while the signature is being written (a sequence lock).
+            self.com.compare_and_swap(seq, fl.seq, fl.seq + 1)?;
+            self.com.flush(self.rank)?;
+            self.com.write(s.flush_win.at(self.rank, 8), &bytes)?;
+            self.com.flush(self.rank)?;
+            self.com.compare_and_swap(seq, fl.seq + 1, fl.seq + 2)?;
+            self.com.flush(self.rank)?;
+            fl.seq += 2;
+            fl.published = bytes;
+            news = true;
+        }
+        for q in (0..self.nprocs).filter(|&q| q != self.rank) {
+            let seq = self.com.atomic_load(s.flush_win.at(q, 0))?;
+            if seq == fl.seen[q] {
+                continue;
+            }
+            // Being written, or written since: look again at the next
+            // flush (the caller does not back off).
+            news = true;
+            if seq % 2 == 1 {
+                continue;
+            }
+            let sig = self.read_signature(s.flush_win, q, 8);
+            if self.com.atomic_load(s.flush_win.at(q, 0))? != seq {
+                continue; // torn: rewritten while we read it
+            }
+            let mut sig = sig?;
+            self.acquire_inner(&mut sig)?;
+            self.rel_sig.lock().merge(&sig);
+            fl.seen[q] = seq;
+        }
+        Ok(news)
     }
 
     // -----------------------------------------------------------------

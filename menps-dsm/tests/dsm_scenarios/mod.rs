@@ -52,6 +52,7 @@ pub fn job_entry() {
         "single_writer" => single_writer(&dsm),
         "race" => race(&dsm),
         "single_writer_mutex" => single_writer_mutex(&dsm),
+        "flush_wavefront" => flush_wavefront(&dsm),
         "pinned_stack" => pinned_stack(&dsm),
         "segv_outside" => segv_outside(&dsm),
         "segv_null" => segv_null(&dsm),
@@ -263,6 +264,80 @@ fn single_writer(dsm: &D) {
         );
         dsm.barrier().unwrap();
     }
+}
+
+/// Flushes only, no barrier or lock in common: a token goes round the
+/// processes `ROUNDS` times (the pipeline of LU-style wavefronts). The
+/// holder checks the data of the previous holder, writes its own pattern
+/// over the data blocks (4 KiB, several per round), flushes, raises its
+/// flag and flushes again; the next process flushes in a loop until it sees
+/// the flag, and once more before it reads the data — OpenMP's rules for
+/// flag synchronisation (a flush between the data and the flag on both
+/// sides: with a fixed home, the flag may reach the home's copy before the
+/// writer's second flush). A flush that failed to publish or to acquire
+/// leaves a stale flag (the wait times out) or stale data (the check
+/// fails). At the end, flushes with nothing new to acquire report so (the
+/// signal to back off).
+fn flush_wavefront(dsm: &D) {
+    const ROUNDS: u64 = 60;
+    const DATA_WORDS: usize = 3 * 512;
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    // Block 0: one flag per process (8 words apart); blocks 1..4: the data.
+    let seg = dsm.alloc_segment(4 * 4096, 4096).unwrap() as *mut u64;
+    // SAFETY: inside the segment.
+    let (flags, data) = unsafe { (seg, seg.add(512)) };
+    let flag = |p: usize| {
+        // SAFETY: inside block 0.
+        unsafe { flags.add(8 * p) }
+    };
+    dsm.barrier().unwrap();
+    let pattern = |step: u64, i: usize| step.wrapping_mul(0x9e37_79b9) ^ i as u64;
+    for round in 0..ROUNDS {
+        let step = round * n as u64 + me as u64 + 1;
+        if step > 1 {
+            // Wait for the previous holder's flag.
+            let prev = (me + n - 1) % n;
+            let started = std::time::Instant::now();
+            // SAFETY: a flag word, written by `prev` only.
+            while unsafe { flag(prev).read_volatile() } != step - 1 {
+                dsm.flush().unwrap();
+                assert!(
+                    started.elapsed() < std::time::Duration::from_secs(20),
+                    "process {me}: no flag {} from process {prev} after 20 s",
+                    step - 1
+                );
+                std::thread::yield_now();
+            }
+            dsm.flush().unwrap();
+            for i in 0..DATA_WORDS {
+                // SAFETY: written by `prev` before its flag.
+                let v = unsafe { data.add(i).read() };
+                assert_eq!(
+                    v,
+                    pattern(step - 1, i),
+                    "step {step}: data word {i} is stale"
+                );
+            }
+        }
+        for i in 0..DATA_WORDS {
+            // SAFETY: only the token holder writes the data.
+            unsafe { data.add(i).write(pattern(step, i)) };
+        }
+        dsm.flush().unwrap();
+        // SAFETY: our own flag.
+        unsafe { flag(me).write_volatile(step) };
+        dsm.flush().unwrap();
+    }
+    dsm.barrier().unwrap();
+    let mut last = Vec::new();
+    for _ in 0..6 {
+        last.push(dsm.flush().unwrap());
+        dsm.barrier().unwrap();
+    }
+    assert!(
+        !last.last().unwrap(),
+        "flushes with nothing new still report news: {last:?}"
+    );
 }
 
 /// The same through a mutex: process 0 publishes version `v` (data in one

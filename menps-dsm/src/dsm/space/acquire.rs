@@ -48,7 +48,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         self.guard(r)
     }
 
-    pub(super) fn acquire_inner(&self, sig: &mut Signature) -> DsmResult<()> {
+    pub(crate) fn acquire_inner(&self, sig: &mut Signature) -> DsmResult<()> {
         if self.cfg.invalidation == InvalidationPolicy::Directory {
             return self.drain_invalidations();
         }

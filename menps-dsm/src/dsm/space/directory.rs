@@ -47,6 +47,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     }
 
     /// Applies the invalidations posted to this process.
+    /// How many entries of our invalidation queue were drained so far.
+    pub(crate) fn invalidations_drained(&self) -> u64 {
+        *self.inval_head.lock()
+    }
+
     pub(super) fn drain_invalidations(&self) -> DsmResult<()> {
         let win = self
             .inval_win
