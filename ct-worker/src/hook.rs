@@ -55,12 +55,26 @@ pub enum LeaveReason {
 pub struct UltThread<'a> {
     id: usize,
     data: &'a Cell<usize>,
+    /// Address of the saved context (0: none).
+    saved: usize,
 }
 
 impl<'a> UltThread<'a> {
     #[inline(always)]
-    pub(crate) fn new(id: usize, data: &'a Cell<usize>) -> Self {
-        UltThread { id, data }
+    pub(crate) fn new(id: usize, data: &'a Cell<usize>, saved: usize) -> Self {
+        UltThread { id, data, saved }
+    }
+
+    /// In [`SwitchHook::left`], for a thread that will run again: where its
+    /// saved context is. With the native context policies that is its stack
+    /// pointer at the switch, so everything of its stack below that
+    /// address is dead until it runs again (a DSM need not publish it);
+    /// other policies may keep the context elsewhere, so check that the
+    /// address lies in the thread's stack before relying on it. `None` in
+    /// `entering`, for a finished thread, and for a cancelled switch.
+    #[inline(always)]
+    pub fn saved_context(&self) -> Option<usize> {
+        (self.saved != 0).then_some(self.saved)
     }
 
     /// An opaque identity, the same for every call about this thread from

@@ -179,6 +179,18 @@ impl<C: Config> TaskDesc<C> {
         }
     }
 
+    /// Address of the saved context, 0 if there is none.
+    ///
+    /// # Safety
+    ///
+    /// Nobody may store or take the context meanwhile (the thread is not
+    /// being suspended or resumed).
+    #[inline]
+    pub(crate) unsafe fn saved_ctx_addr(&self) -> usize {
+        // SAFETY: no concurrent access per the contract.
+        unsafe { (*self.ctx.get()).as_ref() }.map_or(0, |c| c.as_raw().as_ptr() as usize)
+    }
+
     /// Takes the saved context to resume the thread.
     ///
     /// # Safety

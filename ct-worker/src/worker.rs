@@ -322,9 +322,11 @@ impl<C: Config> Worker<C> {
     fn hook_entering_on(&self, t: TaskRef<C>, region: StackRegion) {
         if <C::Hook as SwitchHook>::ACTIVE {
             let d = t.desc();
-            self.shared
-                .hook
-                .entering(self.index, UltThread::new(t.word(), &d.hook_data), region);
+            self.shared.hook.entering(
+                self.index,
+                UltThread::new(t.word(), &d.hook_data, 0),
+                region,
+            );
         }
     }
 
@@ -334,9 +336,13 @@ impl<C: Config> Worker<C> {
     fn hook_left(&self, t: TaskRef<C>, why: LeaveReason) {
         if <C::Hook as SwitchHook>::ACTIVE {
             let d = t.desc();
+            // SAFETY: the thread was just switched away from on this worker
+            // and cannot be resumed before this returns (the hook's
+            // contract): its context slot is not being written.
+            let saved = unsafe { d.saved_ctx_addr() };
             self.shared.hook.left(
                 self.index,
-                UltThread::new(t.word(), &d.hook_data),
+                UltThread::new(t.word(), &d.hook_data, saved),
                 Self::region_of(t),
                 why,
             );

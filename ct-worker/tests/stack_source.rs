@@ -292,6 +292,21 @@ impl SwitchHook for Recorder {
         if t.serial != thread.data() {
             err.push(format!("thread {id:#x}'s hook word changed"));
         }
+        // The native policy saves a context on the thread's own stack: the
+        // stack pointer at the switch, which a DSM uses to skip dead frames.
+        match (why, thread.saved_context()) {
+            (LeaveReason::Finished | LeaveReason::Cancelled, None) => {}
+            (LeaveReason::Finished, Some(c)) => {
+                err.push(format!(
+                    "finished thread {id:#x} has a saved context {c:#x}"
+                ));
+            }
+            (LeaveReason::Cancelled, Some(_)) => {}
+            (_, Some(c)) if stack.contains(c) => {}
+            (_, c) => err.push(format!(
+                "thread {id:#x} left ({why:?}) with its context at {c:x?}, not on {stack:?}"
+            )),
+        }
         rec.errors.extend(err);
         if why == LeaveReason::Finished {
             rec.threads.remove(&id);

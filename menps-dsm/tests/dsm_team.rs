@@ -54,6 +54,7 @@ fn job_entry() {
         "serve_idle" => serve_idle(&dsm),
         "fork_before_start" => fork_before_start(&dsm),
         "stack_overflow" => stack_overflow(&dsm),
+        "dead_stack" => dead_stack(&dsm),
         other => panic!("unknown scenario {other}"),
     }
     dsm.finalize().unwrap();
@@ -312,6 +313,88 @@ fn team_barrier_ult(dsm: &D) {
             let leaders = unsafe { (slots as *const u64).add(1000 + r).read() };
             assert_eq!(leaders, EPISODES, "leaders of rank {r}");
         }
+    })
+    .unwrap();
+}
+
+/// Blocks of a stack below the live frames are not merged at releases. A
+/// running thread's stack is pinned, and every pinned block used to be
+/// merged at every release (the 16 blocks of a 128 KiB stack per barrier):
+/// a team thread (one per process) passes barriers before and after
+/// dirtying 12 blocks of its stack in a deep call, and each barrier merges
+/// a few blocks only (its live frames and the data). Then it dirties a
+/// deep frame again and shares it with its peer through a barrier: blocks
+/// that are live again are published (the peer reads the frame's data).
+fn dead_stack(dsm: &D) {
+    const EPISODES: usize = 50;
+    let team = Team::new(dsm, 1).unwrap();
+    let share = dsm.alloc_segment(4096, 4096).unwrap() as usize;
+    #[inline(never)]
+    fn dirty(depth: u32) -> u64 {
+        // 8 KiB per level: about one stack block each.
+        let mut frame = [0u64; 1024];
+        for (i, x) in frame.iter_mut().enumerate() {
+            *x = u64::from(depth) ^ i as u64;
+        }
+        let below = if depth == 0 { 0 } else { dirty(depth - 1) };
+        core::hint::black_box(&frame)[depth as usize] + below
+    }
+    team.run_main(|| {
+        let work = |t: &TeamThread<'_>| {
+            let merges = || {
+                let s = process::with(|d| d.stats()).unwrap();
+                s.transactions + s.fast_releases
+            };
+            let per_barrier = || {
+                let before = merges();
+                for _ in 0..EPISODES {
+                    t.barrier().unwrap();
+                }
+                (merges() - before) as f64 / EPISODES as f64
+            };
+            let shallow = per_barrier();
+            core::hint::black_box(dirty(11));
+            let after_deep = per_barrier();
+            assert!(
+                shallow <= 4.0 && after_deep <= 4.0,
+                "thread {}: {after_deep} merges per barrier after a deep call, {shallow} before \
+                 (a stack has {} blocks)",
+                t.thread_num(),
+                128 / 8
+            );
+            // A deep frame shared through the barrier: its blocks are live.
+            #[inline(never)]
+            fn share_deep(t: &TeamThread<'_>, share: usize, depth: u32) {
+                let mut frame = [0u64; 1024];
+                if depth > 0 {
+                    return share_deep(t, share, depth - 1);
+                }
+                for (i, x) in frame.iter_mut().enumerate() {
+                    *x = (t.thread_num() as u64) << 32 | i as u64;
+                }
+                let slots = share as *mut u64;
+                // SAFETY: this thread's slot of the shared segment.
+                unsafe { slots.add(t.thread_num()).write(frame.as_ptr() as u64) };
+                t.barrier().unwrap();
+                let peer = (t.thread_num() + 1) % t.num_threads();
+                // SAFETY: the peer's frame address, published before the
+                // barrier; the peer's frame lives until the next barrier.
+                let theirs = unsafe { slots.add(peer).read() } as *const u64;
+                for i in (0..1024).step_by(97) {
+                    // SAFETY: as above.
+                    let v = unsafe { theirs.add(i).read() };
+                    assert_eq!(
+                        v,
+                        (peer as u64) << 32 | i as u64,
+                        "word {i} of {peer}'s frame"
+                    );
+                }
+                t.barrier().unwrap();
+            }
+            share_deep(t, share, 6);
+        };
+        // SAFETY: the closure captures a DSM segment's address only.
+        unsafe { team.parallel(1, &work) }.unwrap();
     })
     .unwrap();
 }
@@ -671,6 +754,11 @@ fn fork_join_main_on_a_dsm_stack_with_heap_and_stack_data() {
 #[test]
 fn team_barrier_10k_episodes_2_team_threads_per_process() {
     run("team_barrier_ult", &[2]);
+}
+
+#[test]
+fn dead_stack_blocks_are_not_merged_live_ones_are() {
+    run("dead_stack", &[2, 3]);
 }
 
 #[test]

@@ -42,6 +42,10 @@ pub trait ProcessDsm: Sync {
     fn barrier(&self) -> DsmResult<()>;
     /// [`Dsm::release_fence`].
     fn release_fence(&self) -> DsmResult<()>;
+    /// [`Dsm::flush`].
+    fn flush(&self) -> DsmResult<bool>;
+    /// [`Dsm::stats`].
+    fn stats(&self) -> super::StatsSnapshot;
     /// [`Dsm::mutex_for_key`].
     fn mutex_for_key(&self, key: u64) -> DsmResult<DsmMutex>;
     /// Locks `m` (unlock with [`ProcessDsm::unlock`]).
@@ -204,6 +208,12 @@ impl<C: Communicator + 'static, U: UltItf> ProcessDsm for Handle<C, U> {
     }
     fn release_fence(&self) -> DsmResult<()> {
         self.space.release_fence()
+    }
+    fn flush(&self) -> DsmResult<bool> {
+        self.space.flush()
+    }
+    fn stats(&self) -> super::StatsSnapshot {
+        self.space.stats()
     }
     fn mutex_for_key(&self, key: u64) -> DsmResult<DsmMutex> {
         self.space.mutex_for_key(key).map(DsmMutex)

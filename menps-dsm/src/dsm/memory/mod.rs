@@ -222,7 +222,9 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
             // when it changes, not as a whole stack.
             self.slot_region(RegionKind::Stacks, size, STACK_BLOCK_BYTES, true, n)
         }?;
-        Ok(self.mem.stacks.get_or_init(|| r))
+        let stacks = self.mem.stacks.get_or_init(|| r);
+        self.space.register_stacks(stacks);
+        Ok(stacks)
     }
 
     /// Collectively creates the region of thread-local blocks: `per_process`

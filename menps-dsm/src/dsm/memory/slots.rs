@@ -109,6 +109,16 @@ impl SlotRegion {
         if self.guarded { self.slot_size } else { 0 }
     }
 
+    /// [`SlotRegion::guard`], for the space's stack bounds.
+    pub(crate) fn guard_bytes(&self) -> usize {
+        self.guard()
+    }
+
+    /// This process's rank.
+    pub(crate) fn rank(&self) -> usize {
+        self.rank
+    }
+
     /// Address of slot `index` of process `rank`.
     pub fn slot(&self, rank: usize, index: usize) -> Option<*mut u8> {
         (rank < self.nprocs && index < self.per_process).then(|| {

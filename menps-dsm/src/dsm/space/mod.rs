@@ -28,8 +28,11 @@ use super::sync::SyncState;
 
 mod acquire;
 mod directory;
+mod live;
 mod release;
 mod transaction;
+
+use live::StackLive;
 
 /// Tags with the top bit set are the DSM's.
 pub(crate) const DSM_TAG_BIT: Tag = 0x8000_0000;
@@ -203,6 +206,8 @@ pub(crate) struct Space<C: Communicator, U: UltItf> {
     inval_win: Option<WindowId>,
     inval_head: Mutex<u64, U>,
     sync: SyncState<U>,
+    /// What of this process's call stacks can be live ([`live`]).
+    stack_live: std::sync::OnceLock<StackLive>,
     pub(crate) stats: Stats,
 }
 
@@ -237,6 +242,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             bufs: std::sync::Mutex::new(Vec::new()),
             inval_win,
             inval_head: Mutex::new_in(0),
+            stack_live: std::sync::OnceLock::new(),
             stats: Stats::default(),
             com,
             cfg,
@@ -635,6 +641,22 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             }
             Ok(())
         })
+    }
+
+    /// Tracks which parts of the call stacks of `slots` (this process's
+    /// share) can be live, so that releases skip the dead ones.
+    pub(crate) fn register_stacks(&self, slots: &crate::dsm::memory::SlotRegion) {
+        if let Some(l) = StackLive::new(slots) {
+            let _ = self.stack_live.set(l);
+        }
+    }
+
+    /// Records that nothing of the stack holding `addr` below `low` is live
+    /// (`usize::MAX`: nothing at all, 0: everything).
+    pub(crate) fn set_stack_low(&self, addr: usize, low: usize) {
+        if let Some(l) = self.stack_live.get() {
+            l.set_low(addr, low);
+        }
     }
 
     /// State of the block holding `addr` (tests and diagnostics).

@@ -35,13 +35,29 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let _serial = self.release_lock.lock();
         // Local stores are visible before lock words are read (fast release).
         fence(Ordering::SeqCst);
-        let blocks = core::mem::take(&mut *self.write_set.lock());
+        let mut blocks = core::mem::take(&mut *self.write_set.lock());
+        // Stack blocks below the live part of their stack stay listed,
+        // unmerged (see `live`).
+        let mut dead = Vec::new();
+        if let Some(live) = self.stack_live.get() {
+            let sp = super::live::stack_pointer();
+            blocks.retain(|&a| {
+                let d = self
+                    .block_size_at(a)
+                    .is_some_and(|bs| live.is_dead(a, bs, sp));
+                if d {
+                    dead.push(a);
+                }
+                !d
+            });
+        }
         let parallel = blocks.len() >= parallel_min::<U>() && U::num_workers() > 1;
-        let (keep, result) = if parallel {
+        let (mut keep, result) = if parallel {
             self.release_parallel(blocks, U::num_workers())
         } else {
             self.release_list(&blocks)
         };
+        keep.append(&mut dead);
         if !keep.is_empty() {
             self.write_set.lock().extend(keep);
         }

@@ -63,4 +63,8 @@ impl<C: Communicator + 'static, U: UltItf> stacks::StackPinner for Space<C, U> {
     fn unpin_stack(&self, addr: usize, len: usize) -> DsmResult<()> {
         self.unpin(addr, len)
     }
+
+    fn stack_live_from(&self, addr: usize, low: usize) {
+        self.set_stack_low(addr, low)
+    }
 }

@@ -114,12 +114,17 @@ pub(crate) trait StackPinner: Sync {
     fn pin_stack(&self, addr: usize, len: usize) -> DsmResult<()>;
     /// Unpins `[addr, addr + len)`.
     fn unpin_stack(&self, addr: usize, len: usize) -> DsmResult<()>;
+    /// Records that nothing of the stack holding `addr` below `low` is
+    /// live (`usize::MAX`: nothing at all, 0: everything).
+    fn stack_live_from(&self, addr: usize, low: usize);
 }
 
 /// Pins the stack of every user-level thread while it runs (MENPS §3.5):
 /// `entering` pins the stack before the thread's code touches it, `left`
 /// unpins it once nothing runs on it, so the next release fence releases
-/// what the thread wrote and faults never happen on a running stack.
+/// what the thread wrote and faults never happen on a running stack. `left`
+/// also records where the thread's live frames end (its saved context; a
+/// finished thread has none), so that releases skip the blocks below.
 pub struct PinHook {
     pinner: *const dyn StackPinner,
     /// A job of one process, where no other process ever reads a stack: a
@@ -212,6 +217,8 @@ impl SwitchHook for PinHook {
         if self.pin_once(stack) {
             return;
         }
+        // Running: any of it may be live.
+        self.pinner().stack_live_from(stack.bottom(), 0);
         if let Err(e) = self
             .pinner()
             .pin_stack(stack.bottom(), stack.top() - stack.bottom())
@@ -221,10 +228,18 @@ impl SwitchHook for PinHook {
     }
 
     #[inline]
-    fn left(&self, _worker: usize, _thread: UltThread<'_>, stack: StackRegion, _why: LeaveReason) {
+    fn left(&self, _worker: usize, thread: UltThread<'_>, stack: StackRegion, why: LeaveReason) {
         if self.pinned_for_good.is_some() {
             return;
         }
+        // What lies below the thread's saved context is dead until it runs
+        // again; a finished thread's whole stack is.
+        let low = match (why, thread.saved_context()) {
+            (LeaveReason::Finished, _) => usize::MAX,
+            (_, Some(sp)) if (stack.bottom()..stack.top()).contains(&sp) => sp,
+            _ => 0,
+        };
+        self.pinner().stack_live_from(stack.bottom(), low);
         if let Err(e) = self
             .pinner()
             .unpin_stack(stack.bottom(), stack.top() - stack.bottom())

@@ -1,0 +1,139 @@
+//! Which parts of this process's call stacks can hold live data.
+//!
+//! Below a thread's stack pointer nothing is live: the frames there have
+//! returned. A release fence therefore need not publish a stack block that
+//! lies wholly below the stack pointer of the thread using the stack — one
+//! switched away from (its saved context marks the spot), a finished one
+//! (nothing is live), or the thread running the release itself (its
+//! current stack pointer). Such blocks stay in the write set, so that what
+//! a later frame writes there is published once it is live again; only
+//! the merge (a comparison with the twin and a transaction per block, most
+//! of a barrier's cost for a deep stack) is skipped. The stacks of threads
+//! that run meanwhile on other workers count as live in full.
+
+use core::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::dsm::memory::SlotRegion;
+
+/// The live bounds of this process's stack slots.
+pub(crate) struct StackLive {
+    /// Start of this process's first slot's stride (guard included).
+    first: usize,
+    stride: usize,
+    guard: usize,
+    slot_size: usize,
+    /// Per slot: the lowest address that may hold live data.
+    lows: Box<[AtomicUsize]>,
+}
+
+impl StackLive {
+    /// Bounds for this process's slots of `slots`, all live at first.
+    pub(crate) fn new(slots: &SlotRegion) -> Option<Self> {
+        let n = slots.slots_per_process();
+        let first = slots.slot(slots.rank(), 0)? as usize;
+        let stride = if n > 1 {
+            slots.slot(slots.rank(), 1)? as usize - first
+        } else {
+            0
+        };
+        let guard = slots.guard_bytes();
+        Some(StackLive {
+            first: first - guard,
+            stride: stride.max(slots.slot_size() + guard),
+            guard,
+            slot_size: slots.slot_size(),
+            lows: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+        })
+    }
+
+    /// The slot of ours holding `addr`, with its bounds.
+    fn slot_of(&self, addr: usize) -> Option<(usize, usize, usize)> {
+        let off = addr.checked_sub(self.first)?;
+        let i = off / self.stride;
+        let lo = self.first + i * self.stride + self.guard;
+        (i < self.lows.len() && addr >= lo).then(|| (i, lo, lo + self.slot_size))
+    }
+
+    /// Records that below `low` nothing of the stack holding `addr` is live
+    /// (`usize::MAX`: none of it; 0: all of it). No-op outside our slots.
+    pub(crate) fn set_low(&self, addr: usize, low: usize) {
+        if let Some((i, _, _)) = self.slot_of(addr) {
+            self.lows[i].store(low, Ordering::Release);
+        }
+    }
+
+    /// Whether `[addr, addr + len)` lies wholly in dead stack memory, for a
+    /// release run by a thread whose stack pointer is `sp`.
+    pub(crate) fn is_dead(&self, addr: usize, len: usize, sp: usize) -> bool {
+        let Some((i, lo, hi)) = self.slot_of(addr) else {
+            return false;
+        };
+        let low = if (lo..hi).contains(&sp) {
+            sp
+        } else {
+            self.lows[i].load(Ordering::Acquire)
+        };
+        addr + len <= low
+    }
+}
+
+/// The caller's stack pointer, about.
+#[inline(always)]
+pub(crate) fn stack_pointer() -> usize {
+    let here = 0u8;
+    core::hint::black_box(&here) as *const u8 as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn live() -> StackLive {
+        // Two slots of 64 KiB after 64 KiB guards, from 0x10_0000.
+        StackLive {
+            first: 0x10_0000,
+            stride: 0x2_0000,
+            guard: 0x1_0000,
+            slot_size: 0x1_0000,
+            lows: (0..2).map(|_| AtomicUsize::new(0)).collect(),
+        }
+    }
+
+    #[test]
+    fn blocks_below_a_recorded_low_are_dead() {
+        let l = live();
+        let slot1 = 0x10_0000 + 0x2_0000 + 0x1_0000;
+        assert!(!l.is_dead(slot1, 0x2000, 0), "all live at first");
+        l.set_low(slot1 + 0x8000, slot1 + 0x5000);
+        assert!(l.is_dead(slot1, 0x2000, 0));
+        assert!(l.is_dead(slot1 + 0x2000, 0x2000, 0), "ends at 0x4000");
+        assert!(!l.is_dead(slot1 + 0x4000, 0x2000, 0), "holds the low");
+        l.set_low(slot1, usize::MAX);
+        assert!(l.is_dead(slot1 + 0xe000, 0x2000, 0), "finished: all dead");
+        l.set_low(slot1, 0);
+        assert!(!l.is_dead(slot1, 0x2000, 0));
+    }
+
+    #[test]
+    fn the_releasing_thread_uses_its_own_stack_pointer() {
+        let l = live();
+        let slot0 = 0x10_0000 + 0x1_0000;
+        // Recorded as running (all live), but the release runs on it.
+        assert!(l.is_dead(slot0, 0x2000, slot0 + 0x3000));
+        assert!(!l.is_dead(slot0 + 0x2000, 0x2000, slot0 + 0x3000));
+        // Another slot's stack pointer says nothing about this one.
+        assert!(!l.is_dead(slot0, 0x2000, slot0 + 0x2_0000 + 0x3000));
+    }
+
+    #[test]
+    fn memory_outside_our_slots_is_never_dead() {
+        let l = live();
+        l.set_low(0x10_0000 + 0x1_0000, usize::MAX);
+        assert!(!l.is_dead(0x10_0000, 0x1000, 0), "a guard block");
+        assert!(
+            !l.is_dead(0x10_0000 + 0x4_0000 + 0x1_0000, 0x1000, 0),
+            "past our slots"
+        );
+        assert!(!l.is_dead(0x1000, 0x1000, 0), "below the region");
+    }
+}
