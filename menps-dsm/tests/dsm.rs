@@ -219,6 +219,65 @@ fn mismatched_collectives_fail_on_every_rank() {
     }
 }
 
+/// With `MENPS_DSM_ON_RACE=report`, racing words are reported once each in
+/// the job — with the address and where it lies (the heap object's) and
+/// the two processes — and the run goes on with one value everywhere.
+#[test]
+fn races_are_reported_once_and_the_run_goes_on() {
+    for &pol in &POLICIES {
+        let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
+        entry_args(&mut cmd);
+        cmd.env(SCENARIO, "races_reported")
+            .env("MENPS_NPROCS", "3")
+            .env("MENPS_DSM_ON_RACE", "report")
+            .envs(dsm_policy_env(pol));
+        let run = drive(cmd, &new_tag("races_reported"), |_, _| false);
+        assert!(run.status.success(), "{pol:?}: {}", run.dump());
+        let reports: Vec<&str> = run
+            .stderr
+            .lines()
+            .filter(|l| l.contains("write-write data race at"))
+            .collect();
+        assert_eq!(
+            reports.len(),
+            2,
+            "{pol:?}: two racing words: {}\n{}",
+            run.dump(),
+            run.stderr
+        );
+        let seg_word = format!("{:#x}", menps_dsm::dsm::layout::DSM_BASE + RACE_OFFSET);
+        assert!(
+            reports.iter().any(|l| l.contains(&seg_word)),
+            "{pol:?}: no report names {seg_word}: {}",
+            run.dump()
+        );
+        assert!(
+            reports
+                .iter()
+                .any(|l| l.contains("in a heap object of 256 bytes") && l.contains("byte 100")),
+            "{pol:?}: no report names the heap object: {}",
+            run.dump()
+        );
+        assert!(
+            reports
+                .iter()
+                .all(|l| l.contains("process 0") && l.contains("process 1")),
+            "{pol:?}: reports name both processes: {}",
+            run.dump()
+        );
+        // The same value everywhere in every round.
+        for round in 0..5 {
+            let seen: std::collections::BTreeSet<&str> = run
+                .stdout
+                .lines()
+                .filter_map(|l| l.split_once(&format!(": round {round}: ")))
+                .map(|(_, v)| v)
+                .collect();
+            assert_eq!(seen.len(), 1, "{pol:?}: round {round}: {}", run.dump());
+        }
+    }
+}
+
 #[test]
 fn write_write_race_is_reported() {
     for &pol in &POLICIES {

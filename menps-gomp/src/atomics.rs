@@ -271,7 +271,7 @@ fn flush(uc: *mut libc::ucontext_t, patch: &Patch) {
                 let _rt = RuntimeGuard::enter();
                 rt.dsm
                     .flush()
-                    .unwrap_or_else(|e| die(&format!("flush: {e}")))
+                    .unwrap_or_else(|e| die(format_args!("flush: {e}")))
             };
             let mut w = FLUSH_WAIT.take();
             if productive {
@@ -327,7 +327,7 @@ fn is_high_byte(r: Register) -> bool {
 fn read_reg(g: &[i64; 23], r: Register) -> u64 {
     let full = r.full_register();
     let v = greg(full).map_or_else(
-        || die(&format!("locked instruction: register {r:?}")),
+        || die(format_args!("locked instruction: register {r:?}")),
         |i| g[i] as u64,
     );
     if is_high_byte(r) {
@@ -345,7 +345,7 @@ fn read_reg(g: &[i64; 23], r: Register) -> u64 {
 /// the upper half; 8- and 16-bit writes keep the rest).
 fn write_reg(g: &mut [i64; 23], r: Register, v: u64) {
     let i = greg(r.full_register())
-        .unwrap_or_else(|| die(&format!("locked instruction: register {r:?}")));
+        .unwrap_or_else(|| die(format_args!("locked instruction: register {r:?}")));
     let old = g[i] as u64;
     let new = if is_high_byte(r) {
         (old & !0xff00) | ((v & 0xff) << 8)
@@ -451,7 +451,7 @@ fn effect(i: &Instruction, g: &[i64; 23], old: u64, bits: u32) -> Effect {
             | OpKind::Immediate8to32
             | OpKind::Immediate8to64
             | OpKind::Immediate32to64 => i.immediate(1) & m,
-            other => die(&format!(
+            other => die(format_args!(
                 "locked instruction {}: operand {other:?}",
                 describe(i)
             )),
@@ -546,7 +546,7 @@ fn effect(i: &Instruction, g: &[i64; 23], old: u64, bits: u32) -> Effect {
         Mnemonic::Bts | Mnemonic::Btr | Mnemonic::Btc => {
             let bit = src();
             if bit >= u64::from(bits) {
-                die(&format!(
+                die(format_args!(
                     "locked instruction {}: a bit offset beyond the operand",
                     describe(i)
                 ));
@@ -563,7 +563,7 @@ fn effect(i: &Instruction, g: &[i64; 23], old: u64, bits: u32) -> Effect {
                 flags: Some((u64::from(old & b != 0), CF)),
             }
         }
-        _ => die(&format!(
+        _ => die(format_args!(
             "the locked instruction {} is not supported on DSM memory",
             describe(i)
         )),
@@ -581,7 +581,7 @@ fn emulate(uc: *mut libc::ucontext_t, patch: &Patch) {
     let mem_op = (0..i.op_count())
         .find(|&k| i.op_kind(k) == OpKind::Memory)
         .unwrap_or_else(|| {
-            die(&format!(
+            die(format_args!(
                 "locked instruction {} without a memory operand",
                 describe(i)
             ))
@@ -592,21 +592,21 @@ fn emulate(uc: *mut libc::ucontext_t, patch: &Patch) {
             r => greg(r.full_register()).map(|_| read_reg(g, r)),
         })
         .unwrap_or_else(|| {
-            die(&format!(
+            die(format_args!(
                 "locked instruction {}: cannot compute its address",
                 describe(i)
             ))
         }) as usize;
     let bytes = i.memory_size().size();
     if !matches!(bytes, 1 | 2 | 4 | 8) {
-        die(&format!(
+        die(format_args!(
             "the locked instruction {} ({bytes} bytes) is not supported",
             describe(i)
         ));
     }
     let (word, shift) = (addr & !7, (addr & 7) * 8);
     if (addr & 7) + bytes > 8 {
-        die(&format!(
+        die(format_args!(
             "the locked instruction {} accesses {addr:#x}, across two 8-byte words",
             describe(i)
         ));
@@ -630,9 +630,9 @@ fn emulate(uc: *mut libc::ucontext_t, patch: &Patch) {
                 let Some(v) = e.store else {
                     // A failed compare: the value read is the answer, but it
                     // must be the home's, not a stale local copy.
-                    let home = dsm
-                        .load_relaxed(word as *const u64)
-                        .unwrap_or_else(|e| die(&format!("locked instruction on DSM memory: {e}")));
+                    let home = dsm.load_relaxed(word as *const u64).unwrap_or_else(|e| {
+                        die(format_args!("locked instruction on DSM memory: {e}"))
+                    });
                     if home == cur {
                         break e;
                     }
@@ -641,7 +641,7 @@ fn emulate(uc: *mut libc::ucontext_t, patch: &Patch) {
                 };
                 match dsm
                     .compare_exchange_relaxed(word as *mut u64, cur, put(cur, v))
-                    .unwrap_or_else(|e| die(&format!("locked instruction on DSM memory: {e}")))
+                    .unwrap_or_else(|e| die(format_args!("locked instruction on DSM memory: {e}")))
                 {
                     Ok(_) => break e,
                     Err(actual) => cur = actual,

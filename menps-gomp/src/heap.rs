@@ -139,7 +139,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
     let old = if in_dsm {
         match c_usable_size(p.cast()) {
             Some(n) => n,
-            None => crate::die(&format!(
+            None => crate::die(format_args!(
                 "realloc({p:p}): not a live object of the DSM heap"
             )),
         }

@@ -258,6 +258,7 @@ pub(crate) fn adopt(dsm: &'static ProgramDsm) -> Result<(), Error> {
     fix_environ(dsm, &exe)?;
     check_copies(dsm, &exe)?;
     crate::atomics::install(&exe, crate::atomics::Patching::All)?;
+    crate::symbols::install(exe.bias);
     let Some((start, len)) = exe.data else {
         return Ok(());
     };

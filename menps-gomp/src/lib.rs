@@ -54,6 +54,7 @@ pub mod image;
 pub mod loops;
 pub mod parallel;
 pub mod start;
+mod symbols;
 pub mod sync;
 pub mod tasks;
 pub mod unsupported;
@@ -70,8 +71,10 @@ use smallvec::SmallVec;
 
 /// Writes `msg` to stderr as one line and aborts the process: for misuse
 /// and unsupported features, which must never silently misbehave.
+/// The message is formatted in the private heap (pass `format_args!`): the
+/// DSM heap may be what failed.
 #[cold]
-pub(crate) fn die(msg: &str) -> ! {
+pub(crate) fn die(msg: impl core::fmt::Display) -> ! {
     let _rt = RuntimeGuard::enter();
     let line = format!("menps-gomp: {msg}\n");
     // SAFETY: write(2) of a valid buffer to stderr.

@@ -95,7 +95,9 @@ fn schedule_code(sched: c_long, chunk: c_long) -> Schedule {
         2 => Schedule::Dynamic(c.max(1)),
         3 => Schedule::Guided(c.max(1)),
         4 => Schedule::Auto,
-        other => die(&format!("GOMP_loop_start: unknown schedule code {other}")),
+        other => die(format_args!(
+            "GOMP_loop_start: unknown schedule code {other}"
+        )),
     }
 }
 
@@ -257,7 +259,7 @@ fn values(lp: &LoopState, lo: u64, hi: u64) -> (u64, u64) {
 /// The caller's team thread (a loop outside any region is a team of one).
 fn me(what: &str) -> &'static CThread {
     current_thread().unwrap_or_else(|| {
-        die(&format!(
+        die(format_args!(
             "{what} called outside the OpenMP program's threads"
         ))
     })
@@ -525,12 +527,12 @@ ull_runtime_loops! {
 /// loop entry points.
 fn plain_only(what: &str, reductions: *mut usize, mem: *mut *mut c_void) {
     if !reductions.is_null() {
-        die(&format!(
+        die(format_args!(
             "{what} with task reductions (reduction(task/inscan)) is not supported"
         ));
     }
     if !mem.is_null() {
-        die(&format!(
+        die(format_args!(
             "{what} with team memory (lastprivate(conditional:) or scan) is not supported"
         ));
     }

@@ -49,7 +49,7 @@ pub unsafe extern "C" fn GOMP_parallel(
 /// for more than one thread (nested regions run on one thread).
 fn encountered(what: &str, num_threads: c_uint) -> (&'static CThread, usize, bool) {
     let me = current_thread().unwrap_or_else(|| {
-        die(&format!(
+        die(format_args!(
             "{what} outside the OpenMP program's threads (a thread the program created itself?)"
         ))
     });
@@ -100,7 +100,7 @@ pub(crate) unsafe fn parallel_region(
     unsafe {
         rt.team
             .fork_team(n, team_thread, (&region as *const Region).cast_mut().cast())
-            .unwrap_or_else(|e| die(&format!("parallel region: {e}")));
+            .unwrap_or_else(|e| die(format_args!("parallel region: {e}")));
     }
     let end = region.seq_end.load(Ordering::Relaxed);
     if end != u64::MAX {
@@ -242,7 +242,7 @@ pub(crate) unsafe fn parallel_start(
         // ends the fork; `team_thread` reads it as a `Region`.
         Some(
             unsafe { rt.team.fork_begin(n, team_thread, region.cast()) }
-                .unwrap_or_else(|e| die(&format!("parallel region: {e}"))),
+                .unwrap_or_else(|e| die(format_args!("parallel region: {e}"))),
         )
     } else {
         None
@@ -338,7 +338,7 @@ pub extern "C" fn GOMP_parallel_end() {
         let rt = rt();
         rt.team
             .fork_end(fork)
-            .unwrap_or_else(|e| die(&format!("parallel region: {e}")));
+            .unwrap_or_else(|e| die(format_args!("parallel region: {e}")));
         rt.next_seq
             .store(region.seq_end.load(Ordering::Relaxed), Ordering::Relaxed);
     }

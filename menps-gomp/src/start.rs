@@ -276,7 +276,7 @@ fn run_main(settings: &Settings, argc: c_int, argv: usize, envp: usize) -> c_int
         // in a loop must let the others of its worker run.
         let exe = crate::image::read_executable();
         if let Err(e) = crate::atomics::install(&exe, crate::atomics::Patching::Fences) {
-            die(&e.to_string());
+            die(e);
         }
     }
     let initial = {

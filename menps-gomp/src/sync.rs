@@ -34,7 +34,7 @@ pub(crate) fn hold(key: u64, what: &str) {
         .get_or_insert_with(HashMap::new)
         .insert(key, held);
     if old.is_some() {
-        die(&format!("{what}: locked twice in one process"));
+        die(format_args!("{what}: locked twice in one process"));
     }
 }
 
@@ -49,7 +49,7 @@ pub(crate) fn release(key: u64, what: &str) {
     };
     match held {
         Some(h) => unlock(h, what),
-        None => die(&format!("{what}: released but not held")),
+        None => die(format_args!("{what}: released but not held")),
     }
 }
 
@@ -60,7 +60,7 @@ pub(crate) fn team_barrier(ct: &CThread) {
     if let Some(tt) = ct.team() {
         crate::start::flush_output();
         tt.barrier()
-            .unwrap_or_else(|e| die(&format!("team barrier: {e}")));
+            .unwrap_or_else(|e| die(format_args!("team barrier: {e}")));
     }
 }
 
@@ -233,7 +233,9 @@ fn lock_slot(key: u64) -> u64 {
             return slot;
         }
     }
-    die(&format!("more than {LOCK_SLOTS} OpenMP locks are in use"))
+    die(format_args!(
+        "more than {LOCK_SLOTS} OpenMP locks are in use"
+    ))
 }
 
 /// Marks the lock of `key` held (`busy`) or free in the lock table.

@@ -204,7 +204,7 @@ pub unsafe extern "C" fn GOMP_task(
         die("GOMP_task: the depend clause is not supported");
     }
     if flags & !KNOWN_FLAGS != 0 {
-        die(&format!(
+        die(format_args!(
             "GOMP_task: task flags {flags:#x} are not supported (detach, in_reduction?)"
         ));
     }

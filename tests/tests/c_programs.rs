@@ -43,6 +43,7 @@ const TESTED: &[&str] = &[
     "loop_schedules",
     "old_abi",
     "queries",
+    "race_report",
     "reductions",
     "sections_ordered",
     "sync_constructs",
@@ -182,6 +183,51 @@ fn unsupported_doacross() {
     assert_refused(&program, &[], |s| {
         s.starts_with("GOMP_") && s.contains("doacross")
     });
+}
+
+/// A program with a genuine write-write race on a global, across 2
+/// processes: by default the run stops with a report naming the variable
+/// and both processes; with `MENPS_DSM_ON_RACE=report` it is reported once
+/// and the run goes on to libgomp's output.
+#[test]
+fn races_are_reported_with_the_variable() {
+    let program = compile(out_dir(), "race_report", "");
+    let reference = libgomp_reference(&program, 0);
+    let names_it = |stderr: &str| {
+        stderr.contains("write-write data race at")
+            && stderr.contains("`racy`")
+            && stderr.contains("process 0")
+            && stderr.contains("process 1")
+    };
+    let stopped = run_ours_env(&program, &[], 2, 1, &[]);
+    assert!(
+        !stopped.status.success(),
+        "a race did not stop the run\n{}",
+        stopped.report()
+    );
+    assert!(
+        names_it(&stopped.stderr),
+        "no clear report\n{}",
+        stopped.report()
+    );
+    let goes_on = run_ours_env(&program, &[], 2, 1, &[("MENPS_DSM_ON_RACE", "report")]);
+    assert_same_as_reference(&goes_on, &reference[&2], 0);
+    let reports = goes_on
+        .stderr
+        .lines()
+        .filter(|l| l.contains("write-write data race at"))
+        .count();
+    assert_eq!(
+        reports,
+        1,
+        "the racing word is reported once\n{}",
+        goes_on.report()
+    );
+    assert!(
+        names_it(&goes_on.stderr),
+        "no clear report\n{}",
+        goes_on.report()
+    );
 }
 
 /// The stand-alone launcher: `menps run -n 2` of a program built against

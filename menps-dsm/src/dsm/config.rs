@@ -8,6 +8,7 @@
 //! | `MENPS_DSM_FAST_RELEASE` | `1`/`0`: skip the global lock when a block has not migrated | `1` |
 //! | `MENPS_DSM_FAST_READ` | `1`/`0`: re-read an invalidated block from its write notice's writer | `1` |
 //! | `MENPS_DSM_RACE_DETECTION` | `1`/`0`: report write-write races found while merging | `1` |
+//! | `MENPS_DSM_ON_RACE` | what a detected race does: `stop` (the DSM fails with the report) or `report` (each racing word reported once on stderr; the merging process's value is kept and the run goes on) | `stop` |
 //! | `MENPS_DSM_BLOCK_SIZE` | default block size of segments (power of two, 4 KiB .. 1 MiB; `k`/`M` suffixes) | `32k` |
 //! | `MENPS_DSM_WN_LIST` | write notices a signature keeps before truncating (hybrid only) | `1024` |
 //! | `MENPS_DSM_LEASE` | logical lease added to a block's read timestamp | `10` |
@@ -25,6 +26,19 @@ use super::error::{DsmError, DsmResult};
 pub const MIN_BLOCK_SIZE: usize = 4096;
 /// Largest block size.
 pub const MAX_BLOCK_SIZE: usize = 1 << 20;
+
+/// What the DSM does when a merge finds a write-write race (two processes
+/// changed the same byte since the version both started from: the program
+/// is not data-race-free).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RaceAction {
+    /// The DSM fails (fail-stop) with the race's report as its error.
+    Stop,
+    /// Each racing word is reported once on stderr, with where it lies (a
+    /// symbol, a heap object, a call stack) and the two processes; the
+    /// merging process's value is kept and the run goes on.
+    Report,
+}
 
 /// Who merges the writes of a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,6 +81,8 @@ pub struct DsmConfig {
     pub fast_read: bool,
     /// Write-write race detection while merging.
     pub race_detection: bool,
+    /// What a detected race does.
+    pub on_race: RaceAction,
     /// Default block size of segments.
     pub block_size: usize,
     /// Write notices kept by a signature (hybrid).
@@ -98,6 +114,7 @@ impl Default for DsmConfig {
             fast_release: true,
             fast_read: true,
             race_detection: true,
+            on_race: RaceAction::Stop,
             block_size: 32 * 1024,
             wn_list_len: 1024,
             lease: 10,
@@ -143,6 +160,17 @@ impl DsmConfig {
                     return Err(DsmError::Config(format!(
                         "MENPS_DSM_INVALIDATION={other:?}: expected `hybrid`, `timestamp` or \
                          `directory`"
+                    )));
+                }
+            };
+        }
+        if let Some(v) = var("MENPS_DSM_ON_RACE") {
+            self.on_race = match v.trim() {
+                "stop" => RaceAction::Stop,
+                "report" => RaceAction::Report,
+                other => {
+                    return Err(DsmError::Config(format!(
+                        "MENPS_DSM_ON_RACE={other:?}: expected `stop` or `report`"
                     )));
                 }
             };

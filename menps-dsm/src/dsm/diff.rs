@@ -62,6 +62,10 @@ fn find_race(twin: &[u64], data: &[u64], other: &[u64], from: usize) -> Race {
     unreachable!("find_race called on a chunk without a race")
 }
 
+/// A merge of `data` (base `twin`) with another version: [`write_merge`]
+/// or [`read_merge`].
+pub type MergeFn = fn(&mut [u64], &mut [u64], &[u64], bool) -> Result<Merged, Race>;
+
 /// What a merge found besides races.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Merged {
@@ -92,6 +96,35 @@ fn check_chunk(
         return Err(find_race(twin, data, other, range.start));
     }
     Ok(())
+}
+
+/// For a merge that goes on past races: if `data` and `other` both changed
+/// a byte since `twin`, returns a copy of `other` in which every such byte
+/// has the base's value (the other side's change dropped, so the merge
+/// keeps ours), and one [`Race`] per racing word. `None` without races.
+pub fn keep_ours(data: &[u64], twin: &[u64], other: &[u64]) -> Option<(Vec<u64>, Vec<Race>)> {
+    let n = data.len();
+    assert!(twin.len() == n && other.len() == n);
+    let racing = |i: usize| nonzero_bytes(data[i] ^ twin[i]) & nonzero_bytes(other[i] ^ twin[i]);
+    let first = (0..n).find(|&i| racing(i) != 0)?;
+    let mut fixed = other.to_vec();
+    let mut races = Vec::new();
+    for i in first..n {
+        let both = racing(i);
+        if both == 0 {
+            continue;
+        }
+        races.push(Race {
+            offset: i * 8 + (both.trailing_zeros() / 8) as usize,
+            base: twin[i],
+            local: data[i],
+            remote: other[i],
+        });
+        // 0x80 per racing byte -> 0xff per racing byte.
+        let bytes = (both >> 7) * 0xff;
+        fixed[i] = (other[i] & !bytes) | (twin[i] & bytes);
+    }
+    Some((fixed, races))
 }
 
 /// The chunks of `n` words the merges work on.
@@ -214,6 +247,30 @@ pub unsafe fn words_mut<'a>(p: *mut u8, len: usize) -> &'a mut [u64] {
     debug_assert_eq!(p as usize % 8, 0);
     // SAFETY: per the function's contract.
     unsafe { core::slice::from_raw_parts_mut(p.cast::<u64>(), words(len)) }
+}
+
+#[cfg(test)]
+mod keep_ours_tests {
+    use super::*;
+
+    #[test]
+    fn racing_bytes_keep_our_value_and_others_merge() {
+        let twin = [0u64, 0x1111, 0x2222, 0];
+        // Word 1: both changed byte 0; word 2: disjoint bytes; word 3: only theirs.
+        let data = [0u64, 0x11aa, 0x2222 | 0xff_0000, 0];
+        let other = [0u64, 0x11bb, 0x2233, 0x7];
+        assert!(
+            keep_ours(&twin, &twin, &other).is_none(),
+            "no local change, no race"
+        );
+        let (fixed, races) = keep_ours(&data, &twin, &other).expect("a race");
+        assert_eq!(races.len(), 1);
+        assert_eq!(races[0].offset, 8);
+        assert_eq!((races[0].local, races[0].remote), (0x11aa, 0x11bb));
+        let (mut d, mut t) = (data, twin);
+        write_merge(&mut d, &mut t, &fixed, true).expect("no race left");
+        assert_eq!(d, [0, 0x11aa, 0xff_2233, 0x7]);
+    }
 }
 
 #[cfg(test)]

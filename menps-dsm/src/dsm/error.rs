@@ -23,6 +23,9 @@ pub struct RaceReport {
     pub local_rank: usize,
     /// The process whose version was merged with ours.
     pub remote_rank: usize,
+    /// Where the address lies, as far as known (a symbol, a heap object, a
+    /// call stack; see [`crate::dsm::race`]); empty if unknown.
+    pub what: String,
 }
 
 impl core::fmt::Display for RaceReport {
@@ -30,10 +33,15 @@ impl core::fmt::Display for RaceReport {
         let word = self.addr & !7;
         write!(
             f,
-            "write-write data race at {:#x} (block {:#x} of segment {}): \
+            "write-write data race at {:#x} ({}block {:#x} of segment {}): \
              process {} wrote word {:#x} = {:#018x} and process {} wrote {:#018x} \
              (both changed it from {:#018x}); the program is not data-race-free",
             self.addr,
+            if self.what.is_empty() {
+                String::new()
+            } else {
+                format!("{}; ", self.what)
+            },
             self.block,
             self.segment,
             self.local_rank,
@@ -54,7 +62,7 @@ pub enum DsmError {
     #[error(transparent)]
     Com(#[from] com::Error),
     /// A write-write data race was detected; the DSM stops in this state.
-    #[error("{0}")]
+    #[error("{0} (with MENPS_DSM_ON_RACE=report, each race is reported once and the run goes on)")]
     DataRace(Box<RaceReport>),
     /// No DSM runs in this process (the process-wide handle, [`super::process`],
     /// was used before [`Dsm::new`](super::Dsm::new) or after the DSM ended).

@@ -100,6 +100,7 @@ pub mod layout;
 pub mod memory;
 pub mod process;
 mod qlock;
+pub mod race;
 pub mod segment;
 pub mod signature;
 mod space;
@@ -114,7 +115,7 @@ use ct_worker::{OsThreads, UltItf};
 use crate::com::Communicator;
 
 pub use allocator::DsmAllocator;
-pub use config::{DsmConfig, InvalidationPolicy, WriterPolicy};
+pub use config::{DsmConfig, InvalidationPolicy, RaceAction, WriterPolicy};
 pub use error::{DsmError, DsmResult, RaceReport};
 pub use globals::DsmGlobal;
 pub use heap::{HeapStats, HeapUsage};

@@ -46,6 +46,9 @@ pub trait ProcessDsm: Sync {
     fn flush(&self) -> DsmResult<bool>;
     /// [`Dsm::stats`].
     fn stats(&self) -> super::StatsSnapshot;
+    /// Where `addr` lies in this DSM's memory, in words: a heap object, a
+    /// call stack, a segment ("" outside the DSM).
+    fn describe(&self, addr: usize) -> String;
     /// [`Dsm::mutex_for_key`].
     fn mutex_for_key(&self, key: u64) -> DsmResult<DsmMutex>;
     /// Locks `m` (unlock with [`ProcessDsm::unlock`]).
@@ -214,6 +217,26 @@ impl<C: Communicator + 'static, U: UltItf> ProcessDsm for Handle<C, U> {
     }
     fn stats(&self) -> super::StatsSnapshot {
         self.space.stats()
+    }
+    fn describe(&self, addr: usize) -> String {
+        let mem = self.mem();
+        if let Some((start, size)) = mem
+            .heap()
+            .ok()
+            .and_then(|h| h.containing(&self.space.com, addr))
+        {
+            return format!(
+                "in a heap object of {size} bytes at {start:#x}, byte {}",
+                addr - start
+            );
+        }
+        if let Some((rank, slot)) = mem.stacks.get().and_then(|s| s.owner_of(addr as *const u8)) {
+            return format!("on call stack {slot} of process {rank}");
+        }
+        if self.space.block_size_at(addr).is_some() {
+            return "in DSM memory".into();
+        }
+        String::new()
     }
     fn mutex_for_key(&self, key: u64) -> DsmResult<DsmMutex> {
         self.space.mutex_for_key(key).map(DsmMutex)

@@ -38,6 +38,8 @@ use super::space::{AtomicOp, DSM_TAG_BIT, Space};
 
 /// Sync slots for atomics.
 pub(crate) const ATOMIC_SLOTS: usize = 64;
+/// Racing words the job remembers as reported (more are reported again).
+const RACE_SLOTS: usize = 1024;
 
 /// Windows and local state of the synchronisation objects.
 pub(crate) struct SyncState<U: UltItf> {
@@ -64,6 +66,9 @@ pub(crate) struct SyncState<U: UltItf> {
     epoch: Mutex<u64, U>,
     /// Flush slots: per process a sequence word, then a signature.
     flush_win: WindowId,
+    /// At rank 0: the words whose race was reported (open addressing,
+    /// `word + 1` per claimed slot), so each is reported once in the job.
+    race_win: WindowId,
     /// This process's side of the flushes (and their serialisation).
     flush: Mutex<FlushState, U>,
 }
@@ -90,8 +95,10 @@ impl<U: UltItf> SyncState<U> {
         let key_off = max_mutexes.div_ceil(64) * 8;
         let alloc_win = com.create_window(key_off + max_mutexes * 8)?;
         let flush_win = com.create_window(8 + sig_bytes)?;
+        let race_win = com.create_window(RACE_SLOTS * 8)?;
         Ok(SyncState {
             flush_win,
+            race_win,
             flush: Mutex::new_in(FlushState {
                 seq: 0,
                 published: Vec::new(),
@@ -252,6 +259,28 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             fl.seen[q] = seq;
         }
         Ok(news)
+    }
+
+    // -----------------------------------------------------------------
+    // Race reports
+
+    /// Claims the report of a race on `word` for this process: `true` the
+    /// first time any process of the job claims it (also when the job's
+    /// table of reported words is full).
+    pub(crate) fn claim_race_report(&self, word: usize) -> DsmResult<bool> {
+        let s = self.sync();
+        let stored = word as u64 + 1;
+        let h = (word as u64 >> 3).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        for i in 0..RACE_SLOTS.min(16) {
+            let k = (h as usize).wrapping_add(i) % RACE_SLOTS;
+            let slot = s.race_win.at(0, (k * 8) as u64);
+            match self.com.compare_and_swap(slot, 0, stored)? {
+                0 => return Ok(true),
+                v if v == stored => return Ok(false),
+                _ => {}
+            }
+        }
+        Ok(true)
     }
 
     // -----------------------------------------------------------------

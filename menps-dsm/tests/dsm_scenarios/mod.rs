@@ -51,6 +51,7 @@ pub fn job_entry() {
         "atomic_increments" => atomic_increments(&dsm),
         "single_writer" => single_writer(&dsm),
         "race" => race(&dsm),
+        "races_reported" => races_reported(&dsm),
         "single_writer_mutex" => single_writer_mutex(&dsm),
         "flush_wavefront" => flush_wavefront(&dsm),
         "pinned_stack" => pinned_stack(&dsm),
@@ -576,6 +577,53 @@ pub const RACE_OFFSET: usize = 2 * 4096 + 100;
 /// second merge must report the race. (A write that follows another
 /// process's release without synchronisation can go unnoticed: detection
 /// compares against the version a process started from.)
+/// Races that go on (`MENPS_DSM_ON_RACE=report`): processes 0 and 1 write
+/// the same byte of a segment word and of a heap object word in each of 5
+/// rounds, with different values, both before either releases; every
+/// barrier passes, and after each every process reads the same value, one
+/// of the two written.
+fn races_reported(dsm: &D) {
+    let me = dsm.rank();
+    let seg = dsm.alloc_segment(32 * 1024, 4096).unwrap();
+    let mut p = [0u8; 8];
+    if me == 0 {
+        p = (dsm.alloc(256, 8).unwrap() as u64).to_le_bytes();
+    }
+    menps_dsm::com::Coll::broadcast(dsm.com(), 0, &mut p).unwrap();
+    let obj = u64::from_le_bytes(p) as *mut u8;
+    dsm.barrier().unwrap();
+    for round in 0..5u8 {
+        if me < 2 {
+            let v = 10 * round + me as u8 + 1;
+            // SAFETY: deliberately racing writes to DSM memory (the test).
+            unsafe {
+                seg.add(RACE_OFFSET).write(v);
+                obj.add(RACE_HEAP_OFFSET).write(v);
+            }
+        }
+        // Both wrote (from the same version) before either releases.
+        menps_dsm::com::Coll::barrier(dsm.com()).unwrap();
+        dsm.barrier().unwrap();
+        // SAFETY: read after the barrier (the race was resolved in it).
+        let (a, b) = unsafe {
+            (
+                seg.add(RACE_OFFSET).read(),
+                obj.add(RACE_HEAP_OFFSET).read(),
+            )
+        };
+        let written = [10 * round + 1, 10 * round + 2];
+        assert!(
+            written.contains(&a) && written.contains(&b),
+            "round {round}: {a} {b}"
+        );
+        println!("rank {me}: round {round}: {a} {b}");
+        dsm.barrier().unwrap();
+    }
+}
+
+/// Offset of the racing byte in the heap object of `races_reported`.
+pub const RACE_HEAP_OFFSET: usize = 100;
+
 fn race(dsm: &D) {
     let me = dsm.rank();
     let seg = dsm.alloc_segment(32 * 1024, 4096).unwrap();

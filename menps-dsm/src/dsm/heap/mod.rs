@@ -306,6 +306,32 @@ impl<U: UltItf> Heap<U> {
         Ok(g.addr)
     }
 
+    /// The live object holding `addr` (anywhere inside it): its start and
+    /// usable size. `None` outside the heap or in free memory.
+    pub(crate) fn containing<C: Communicator + 'static>(
+        &self,
+        com: &C,
+        addr: usize,
+    ) -> Option<(usize, usize)> {
+        if addr < self.base || addr >= self.base + self.size {
+            return None;
+        }
+        let idx = (addr - self.base) >> self.chunk_shift;
+        match Entry::decode(self.read_entry(com, idx).ok()?) {
+            Entry::Small { class, .. } => {
+                let cs = SIZE_CLASSES[class];
+                let slot = (addr - self.chunk_addr(idx)) / cs;
+                (slot < self.slots(class)).then(|| (self.chunk_addr(idx) + slot * cs, cs))
+            }
+            Entry::Head { n } => Some((self.chunk_addr(idx), n * self.chunk)),
+            Entry::Tail { head } => match Entry::decode(self.read_entry(com, head).ok()?) {
+                Entry::Head { n } => Some((self.chunk_addr(head), n * self.chunk)),
+                _ => None,
+            },
+            Entry::Free { .. } | Entry::Bad(_) => None,
+        }
+    }
+
     /// What `addr` is: (chunk index, entry, usable size) of the live object
     /// starting there.
     pub(crate) fn lookup<C: Communicator + 'static>(

@@ -16,7 +16,7 @@ use ct_worker::UltItf;
 use crate::com::{Communicator, Tag, WindowId};
 
 use super::allocator::RuntimeGuard;
-use super::config::{DsmConfig, InvalidationPolicy, WriterPolicy};
+use super::config::{DsmConfig, InvalidationPolicy, RaceAction, WriterPolicy};
 use super::diff;
 use super::error::{DsmError, DsmResult, RaceReport};
 use super::layout::{self, MAX_SEGMENTS};
@@ -447,9 +447,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         layout::protect(seg.app(idx), seg.block_size, state.prot())
     }
 
-    fn race(&self, seg: &Segment<U>, idx: usize, r: diff::Race, remote_rank: usize) -> DsmError {
+    fn race_report(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        r: diff::Race,
+        remote_rank: usize,
+    ) -> RaceReport {
+        let addr = seg.app(idx) + r.offset;
         RaceReport {
-            addr: seg.app(idx) + r.offset,
+            addr,
             block: seg.app(idx),
             segment: seg.id,
             base: r.base,
@@ -457,8 +464,42 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             remote: r.remote,
             local_rank: self.rank,
             remote_rank,
+            what: super::race::describe(addr),
         }
-        .into()
+    }
+
+    fn race(&self, seg: &Segment<U>, idx: usize, r: diff::Race, remote_rank: usize) -> DsmError {
+        self.race_report(seg, idx, r, remote_rank).into()
+    }
+
+    /// Runs `merge` of our copy `data` (base `twin`) with `other`, the
+    /// version of process `remote_rank`, under the configured race
+    /// detection and action: a race stops the DSM, or (with
+    /// [`RaceAction::Report`]) each racing word is reported once and keeps
+    /// our value.
+    pub(super) fn merge_checked(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        remote_rank: usize,
+        (data, twin, other): (&mut [u64], &mut [u64], &[u64]),
+        merge: diff::MergeFn,
+    ) -> DsmResult<diff::Merged> {
+        let detect = self.cfg.race_detection;
+        if detect && self.cfg.on_race == RaceAction::Report {
+            if let Some((fixed, races)) = diff::keep_ours(data, twin, other) {
+                for r in races {
+                    let report = self.race_report(seg, idx, r, remote_rank);
+                    // A failed claim (a dead peer) reports anyway.
+                    super::race::report_once(&report, |w| {
+                        self.claim_race_report(w).unwrap_or(true)
+                    });
+                }
+                return Ok(merge(data, twin, &fixed, false).expect("merges without detection"));
+            }
+            return Ok(merge(data, twin, other, false).expect("merges without detection"));
+        }
+        merge(data, twin, other, detect).map_err(|r| self.race(seg, idx, r, remote_rank))
     }
 
     // ---------------------------------------------------------------
@@ -592,8 +633,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 )
             };
             if dirty {
-                diff::read_merge(data, twin, &tmp.buf, self.cfg.race_detection)
-                    .map_err(|r| self.race(seg, idx, r, src))?;
+                self.merge_checked(seg, idx, src, (data, twin, &tmp.buf), diff::read_merge)?;
             } else {
                 data.copy_from_slice(&tmp.buf);
             }

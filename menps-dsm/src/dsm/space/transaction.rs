@@ -176,7 +176,6 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
         }
         let write_protected = !was.writable() || protect_before;
-        let detect = self.cfg.race_detection;
         // SAFETY: the block's entry lock is held, and either the application
         // view does not allow writes (invalid, read-only, or protected just
         // now), or the copy is ours alone to merge into (pinned: only words
@@ -213,8 +212,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     // them for its own changes).
                     let mut runs = Vec::new();
                     diff::changed_runs(data, twin, &mut runs);
-                    diff::read_merge(data, twin, &tmp.buf, detect)
-                        .map_err(|r| self.race(seg, idx, r, home))?;
+                    // The home's copy holds the last writer's changes.
+                    let writer = match lad.last_writer {
+                        0 => home,
+                        w => w as usize - 1,
+                    };
+                    self.merge_checked(seg, idx, writer, (data, twin, &tmp.buf), diff::read_merge)?;
                     written = !runs.is_empty();
                     // SAFETY: byte views reborrowed from the word views (same
                     // memory, `bs` bytes each).
@@ -243,8 +246,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 }
             } else {
                 if dirty {
-                    let merged = diff::write_merge(data, twin, &tmp.buf, detect)
-                        .map_err(|r| self.race(seg, idx, r, home))?;
+                    let merged = self.merge_checked(
+                        seg,
+                        idx,
+                        home,
+                        (data, twin, &tmp.buf),
+                        diff::write_merge,
+                    )?;
                     written = merged.local_changes;
                     exported = !written;
                 } else {
@@ -290,7 +298,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         // Timestamps.
         let (wr, rd) = self.next_interval(lad, written);
-        if written && !fixed {
+        if written {
+            // Under a fixed home it only names the writer in race reports.
             lad.last_writer = me as u64 + 1;
         }
         lad.wr = wr;
