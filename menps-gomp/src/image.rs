@@ -40,6 +40,7 @@ const DT_RELA: i64 = 7;
 const DT_RELASZ: i64 = 8;
 const DT_JMPREL: i64 = 23;
 const R_X86_64_COPY: u32 = 5;
+const PT_TLS: u32 = 7;
 
 /// A symbol a relocation of the executable refers to.
 #[derive(Debug, Clone)]
@@ -64,6 +65,8 @@ pub(crate) struct Executable {
     pub data: Option<(usize, usize)>,
     /// Symbols its dynamic relocations refer to.
     pub relocs: Vec<RelocSym>,
+    /// Bytes of its thread-local storage (`PT_TLS`), if it has any.
+    pub tls: Option<usize>,
 }
 
 #[repr(C)]
@@ -127,6 +130,7 @@ unsafe extern "C" fn first_object(
                     }
                 }
                 PT_GNU_RELRO => relro_end = relro_end.max(hi),
+                PT_TLS if p.p_memsz > 0 => exe.tls = Some(p.p_memsz as usize),
                 PT_DYNAMIC => dynamic = lo,
                 _ => {}
             }

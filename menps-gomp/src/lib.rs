@@ -24,7 +24,9 @@
 //! `OMP_CANCELLATION` are read as libgomp reads them. In a job of several
 //! processes, `main` runs on process 0 on a DSM call stack, the program's
 //! heap allocations ([`heap`]) and its globals ([`image`]) are DSM memory,
-//! and its locked instructions work on shared data ([`atomics`]). What the
+//! and its locked instructions work on shared data ([`atomics`]); its
+//! fences are DSM flushes ([`atomics`]); each team thread has its own
+//! thread-local storage (`threadprivate`, [`tls`]). What the
 //! program's threads print appears once, in the order its synchronisation
 //! gives ([`start::OUTPUT_VAR`]). Entry points the library lacks abort with
 //! their name ([`unsupported`]).
@@ -34,8 +36,9 @@
 //! (barrier, critical, atomic, single, locks), [`tasks`], [`api`]
 //! (`omp_*`), [`heap`] (the C heap in the DSM), [`image`] (the
 //! executable's globals in the DSM), [`atomics`] (the program's locked
-//! instructions on DSM memory), [`unsupported`] (entry points that abort
-//! with their name).
+//! instructions and fences on DSM memory), [`tls`] (thread-local storage
+//! per team thread), [`unsupported`] (entry points that abort with their
+//! name).
 //!
 //! # Per-thread state
 //!
@@ -57,6 +60,7 @@ pub mod start;
 mod symbols;
 pub mod sync;
 pub mod tasks;
+pub mod tls;
 pub mod unsupported;
 
 use core::cell::{Cell, UnsafeCell};
@@ -141,6 +145,9 @@ pub(crate) struct Region {
     pub seq_end: core::sync::atomic::AtomicU64,
     /// Nesting level of the region's threads.
     pub level: u32,
+    /// The starting thread's thread-local carrier + 1 (0: none; see
+    /// [`tls`]), which thread 0 uses.
+    pub carrier0: usize,
     /// Active (more than one thread) levels up to this region's.
     pub active_level: u32,
     /// The `nthreads-var` ICV the team inherits.

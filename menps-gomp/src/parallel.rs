@@ -92,6 +92,7 @@ pub(crate) unsafe fn parallel_region(
         level: 1,
         active_level: 1,
         nthreads_var: me.nthreads_var.get(),
+        carrier0: crate::tls::current(),
     };
     rt.next_region.fetch_add(1, Ordering::Relaxed);
     crate::start::flush_output();
@@ -139,8 +140,15 @@ unsafe fn team_thread(tt: &TeamThread<'_>, data: *mut u8) {
         ct.task.thread.set(&*ct);
         ct
     };
+    // Thread `k`'s thread-locals are carrier `k`'s; thread 0 has those of
+    // the thread that started the region (which waits meanwhile).
+    crate::tls::enter(match ct.thread_num {
+        0 => region.carrier0.saturating_sub(1),
+        k => k,
+    });
     // SAFETY: forwarded from `parallel_region`.
     unsafe { run_body(&ct, region.fn_, region.data, region.preset) };
+    crate::tls::leave();
     crate::start::flush_output();
     if ct.thread_num == 0 {
         region.seq_end.store(ct.seq.get(), Ordering::Relaxed);
@@ -235,6 +243,7 @@ pub(crate) unsafe fn parallel_start(
         level: me.level + 1,
         active_level: me.active_level + u32::from(team),
         nthreads_var: me.nthreads_var.get(),
+        carrier0: crate::tls::current(),
     }));
     let fork = if team {
         crate::start::flush_output();

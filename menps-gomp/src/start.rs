@@ -264,6 +264,7 @@ fn after_dsm(dsm: &'static ProgramDsm) -> Result<(), Error> {
         crate::image::adopt(dsm)?;
         crate::heap::activate();
     }
+    crate::tls::install(&crate::image::read_executable(), dsm);
     Ok(())
 }
 
@@ -300,11 +301,14 @@ fn run_main(settings: &Settings, argc: c_int, argv: usize, envp: usize) -> c_int
     let real = REAL_MAIN.load(Ordering::Relaxed);
     // SAFETY: the program's `main`, stored by `__libc_start_main`.
     let real: CMain = unsafe { core::mem::transmute::<usize, CMain>(real) };
+    // `main`'s thread-locals: carrier 0 (see `tls`).
+    crate::tls::enter(0);
     let r = std::panic::catch_unwind(|| {
         // SAFETY: libc's arguments for `main`.
         unsafe { real(argc, argv, envp as *mut *mut c_char) }
     });
     crate::tasks::wait_children(&initial.task);
+    crate::tls::leave();
     MAIN_TASK.store(0, Ordering::Relaxed);
     leave_task(old);
     match r {

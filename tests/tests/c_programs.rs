@@ -49,6 +49,7 @@ const TESTED: &[&str] = &[
     "sync_constructs",
     "cancel_disabled",
     "tasks",
+    "threadprivate",
     "unsupported_doacross",
 ];
 
@@ -76,6 +77,14 @@ fn loop_schedules() {
 #[test]
 fn flush_wavefront() {
     check("flush_wavefront", 0);
+}
+
+/// `threadprivate` with `copyin` (by value and by address), persistence
+/// across regions, `copyprivate` and `errno`: each team thread has its own
+/// thread-local area.
+#[test]
+fn threadprivate() {
+    check("threadprivate", 0);
 }
 
 #[test]

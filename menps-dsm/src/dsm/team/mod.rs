@@ -39,7 +39,7 @@ mod stacks;
 
 pub use barrier::TeamBarrier;
 pub use fork::{OpenFork, Team, TeamConfig, TeamFn, TeamThread, TeamUlt};
-pub use stacks::{DsmStacks, PinHook};
+pub use stacks::{DsmStacks, PinHook, SwitchExtension, set_switch_extension};
 
 use ct_worker::UltItf;
 

@@ -213,8 +213,11 @@ impl core::fmt::Debug for PinHook {
 
 impl SwitchHook for PinHook {
     #[inline]
-    fn entering(&self, _worker: usize, _thread: UltThread<'_>, stack: StackRegion) {
+    fn entering(&self, worker: usize, thread: UltThread<'_>, stack: StackRegion) {
         if self.pin_once(stack) {
+            if let Some(e) = EXTENSION.get() {
+                e.entering(worker, thread);
+            }
             return;
         }
         // Running: any of it may be live.
@@ -225,10 +228,16 @@ impl SwitchHook for PinHook {
         {
             fatal(&e);
         }
+        if let Some(e) = EXTENSION.get() {
+            e.entering(worker, thread);
+        }
     }
 
     #[inline]
-    fn left(&self, _worker: usize, thread: UltThread<'_>, stack: StackRegion, why: LeaveReason) {
+    fn left(&self, worker: usize, thread: UltThread<'_>, stack: StackRegion, why: LeaveReason) {
+        if let Some(e) = EXTENSION.get() {
+            e.left(worker, thread);
+        }
         if self.pinned_for_good.is_some() {
             return;
         }
@@ -247,6 +256,26 @@ impl SwitchHook for PinHook {
             fatal(&e);
         }
     }
+}
+
+/// More work on every switch of a team's user-level threads, for the
+/// program layer (menps-gomp gives each team thread its own thread-local
+/// storage this way). Called after the stack is pinned in `entering` and
+/// before it is unpinned in `left`, under [`SwitchHook`]'s rules.
+pub trait SwitchExtension: Sync + Send {
+    /// See [`SwitchHook::entering`].
+    fn entering(&self, worker: usize, thread: UltThread<'_>);
+    /// See [`SwitchHook::left`].
+    fn left(&self, worker: usize, thread: UltThread<'_>);
+}
+
+static EXTENSION: std::sync::OnceLock<&'static dyn SwitchExtension> = std::sync::OnceLock::new();
+
+/// Installs the switch extension of this process's teams (once; it must be
+/// installed before any team thread runs that needs it). Returns `false`
+/// if one was installed already.
+pub fn set_switch_extension(e: &'static dyn SwitchExtension) -> bool {
+    EXTENSION.set(e).is_ok()
 }
 
 /// A stack cannot be pinned or given back: the DSM has failed (fail-stop),
