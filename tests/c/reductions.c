@@ -1,5 +1,6 @@
-/* Reductions: + * max min && || & | ^ on int, long and double (values
- * exactly representable, so every result is exact), on loops, on regions,
+/* Reductions: + * max min && || & | ^ on int, long, float, double, short
+ * and unsigned char (values exactly representable, so every result is
+ * exact), on loops, on regions,
  * on combined constructs, several variables in one clause, array sections
  * and a user-defined reduction. */
 #include <limits.h>
@@ -109,6 +110,59 @@ int main(void)
     CHECK(dand == 1, "double &&");
     printf("double: sum=%.3f prod=%a max=%.3f min=%.3f and=%d\n", dsum, dprod,
            dmax, dmin, dand);
+
+    /* float (a `lock cmpxchg` loop on 4 bytes): sums of quarters, products
+     * of powers of two, max, min, || on floats — all exact. */
+    float fsum = 0, fprod = 1, fmaxv = -1e30f, fminv = 1e30f;
+    int f_or = 0;
+    short ssum = 0;
+    unsigned char cxor = 0;
+#pragma omp parallel for reduction(+ : fsum) reduction(* : fprod)              \
+    reduction(max : fmaxv) reduction(min : fminv) reduction(|| : f_or)         \
+    reduction(+ : ssum) reduction(^ : cxor) schedule(dynamic, 7)
+    for (int i = 0; i < N; i++) {
+        fsum += (i % 64) * 0.25f;
+        fprod *= (i % 500 == 0) ? 2.0f : (i % 500 == 250 ? 0.5f : 1.0f);
+        fmaxv = fmaxv > i * 0.5f ? fmaxv : i * 0.5f;
+        fminv = fminv < 3.0f - i * 0.25f ? fminv : 3.0f - i * 0.25f;
+        f_or = f_or || (i * 0.5f == 1000.0f);
+        ssum += (short)(i % 5);
+        cxor ^= (unsigned char)(i * 37);
+    }
+    float fexpect = 0;
+    for (int i = 0; i < N; i++)
+        fexpect += (i % 64) * 0.25f;
+    unsigned char cexpect = 0;
+    for (int i = 0; i < N; i++)
+        cexpect ^= (unsigned char)(i * 37);
+    CHECK(fsum == fexpect, "float +");
+    CHECK(fprod == 1.0f, "float *");
+    CHECK(fmaxv == (N - 1) * 0.5f && fminv == 3.0f - (N - 1) * 0.25f, "float max/min");
+    CHECK(f_or == 1, "float ||");
+    CHECK(ssum == (short)(N / 5 * 10), "short +");
+    CHECK(cxor == cexpect, "unsigned char ^");
+    printf("float: sum=%.2f prod=%a max=%.2f min=%.2f or=%d short=%d char=%u\n", fsum,
+           fprod, fmaxv, fminv, f_or, ssum, cxor);
+
+    /* One variable per clause and loop: GCC merges each with a locked
+     * instruction on the shared variable (`lock cmpxchg` on 4 bytes for a
+     * float, on 2 for a short, `lock xor` on a byte). */
+    float fone = 0;
+#pragma omp parallel for reduction(+ : fone)
+    for (int i = 0; i < N; i++)
+        fone += 0.5f;
+    short sone = 0;
+#pragma omp parallel for reduction(max : sone)
+    for (int i = 0; i < N; i++)
+        sone = sone > (short)(i % 1000) ? sone : (short)(i % 1000);
+    unsigned char cone = 0;
+#pragma omp parallel for reduction(^ : cone)
+    for (int i = 0; i < N; i++)
+        cone ^= (unsigned char)(i * 37);
+    CHECK(fone == N * 0.5f, "float + alone");
+    CHECK(sone == 999, "short max alone");
+    CHECK(cone == cexpect, "unsigned char ^ alone");
+    printf("alone: %.1f %d %u\n", fone, sone, cone);
 
     /* Region-level reductions: every thread contributes once. */
     int members = 0;
