@@ -41,9 +41,36 @@ pub(crate) type StartFn<C> =
 /// A stack handed out by `C`'s stack source.
 pub(crate) type StackOf<C> = <<C as Config>::Stacks as StackSource>::Stack;
 
+/// What a [`JoinHandle`](crate::JoinHandle) needs of its thread's runtime
+/// configuration, as functions of the descriptor: a handle (and its type's
+/// configuration parameter) may then refer to a thread of any runtime — the
+/// free [`spawn`](crate::spawn) hands out default-typed handles to threads
+/// of whichever runtime runs the caller.
+pub(crate) struct TaskOps {
+    /// Parks the caller until the thread has finished.
+    pub(crate) wait_finished: unsafe fn(NonNull<TaskHead>),
+    /// Frees the finished thread's descriptor.
+    pub(crate) free: unsafe fn(NonNull<TaskHead>),
+}
+
+/// The part of every descriptor whose layout does not depend on the
+/// configuration: the first fields of [`TaskDesc`] (both are `repr(C)`), so
+/// a descriptor of any configuration can be used through a pointer to it.
+#[repr(C)]
+pub(crate) struct TaskHead {
+    /// The functions of the descriptor's configuration.
+    pub(crate) ops: &'static TaskOps,
+    pub(crate) join: JoinState,
+    /// Drops a result that was stored but never taken.
+    drop_packet: Cell<Option<unsafe fn(*mut u8)>>,
+    packet: UnsafeCell<MaybeUninit<[u128; PACKET_BYTES / 16]>>,
+}
+
 /// One user-level thread.
 #[repr(C, align(16))]
 pub(crate) struct TaskDesc<C: Config> {
+    /// Must stay first (see [`TaskHead`]).
+    head: TaskHead,
     next: *mut TaskDesc<C>,
     owner: usize,
     /// Id of the runtime the thread belongs to (for wake-ups from outside).
@@ -58,7 +85,6 @@ pub(crate) struct TaskDesc<C: Config> {
     /// how to start it as a thread, and its closure. Set before the job is
     /// pushed; taken by whoever takes the job from the deque.
     pub(crate) start: Cell<Option<(StartFn<C>, *const ())>>,
-    pub(crate) join: JoinState,
     /// The stack the thread runs on; released when it finishes.
     pub(crate) stack: Cell<Option<StackOf<C>>>,
     /// The switch hook's word for this thread (0 when it starts).
@@ -68,9 +94,15 @@ pub(crate) struct TaskDesc<C: Config> {
     pub(crate) user_word: Cell<usize>,
     /// ULT-local storage, created on first use.
     pub(crate) locals: UnsafeCell<Option<Box<LocalMap>>>,
-    /// Drops a result that was stored but never taken.
-    drop_packet: Cell<Option<unsafe fn(*mut u8)>>,
-    packet: UnsafeCell<MaybeUninit<[u128; PACKET_BYTES / 16]>>,
+}
+
+impl<C: Config> core::ops::Deref for TaskDesc<C> {
+    type Target = TaskHead;
+
+    #[inline(always)]
+    fn deref(&self) -> &TaskHead {
+        &self.head
+    }
 }
 
 // SAFETY: `next` is a field of the descriptor.
@@ -133,19 +165,27 @@ impl<C: Config> TaskDesc<C> {
 
     fn new_value(owner: usize) -> Self {
         TaskDesc {
+            head: TaskHead {
+                ops: &const {
+                    TaskOps {
+                        wait_finished: crate::handle::wait_finished_erased::<C>,
+                        free: crate::handle::free_desc_erased::<C>,
+                    }
+                },
+                join: JoinState::new(),
+                drop_packet: Cell::new(None),
+                packet: UnsafeCell::new(MaybeUninit::uninit()),
+            },
             next: ptr::null_mut(),
             owner,
             runtime_id: Cell::new(0),
             ctx: UnsafeCell::new(None),
             home: Cell::new(usize::MAX),
             start: Cell::new(None),
-            join: JoinState::new(),
             stack: Cell::new(None),
             hook_data: Cell::new(0),
             user_word: Cell::new(0),
             locals: UnsafeCell::new(None),
-            drop_packet: Cell::new(None),
-            packet: UnsafeCell::new(MaybeUninit::uninit()),
         }
     }
 
@@ -157,11 +197,6 @@ impl<C: Config> TaskDesc<C> {
         self.user_word.set(0);
         debug_assert!(self.stack.get().is_none());
         debug_assert!(self.drop_packet.get().is_none());
-    }
-
-    /// The packet area (for a deferred job's closure before it runs).
-    pub(crate) fn packet_ptr(&self) -> *mut u8 {
-        self.packet.get().cast()
     }
 
     /// Stores the saved context of the (now suspended) thread.
@@ -189,6 +224,24 @@ impl<C: Config> TaskDesc<C> {
     pub(crate) unsafe fn take_ctx(&self) -> Context<C::Policy> {
         // SAFETY: exclusive access per the contract.
         unsafe { (*self.ctx.get()).take() }.expect("a suspended thread has a saved context")
+    }
+
+    /// Drops anything the descriptor still holds (an untaken result, locals),
+    /// so that it can be reused or freed.
+    pub(crate) fn clear(&self) {
+        if let Some(d) = self.head.drop_packet.take() {
+            // SAFETY: `drop_packet` was set together with the packet's contents.
+            unsafe { d(self.head.packet.get() as *mut u8) };
+        }
+        // SAFETY: the thread is finished; nobody else touches its locals.
+        drop(unsafe { (*self.locals.get()).take() });
+    }
+}
+
+impl TaskHead {
+    /// The packet area (for a deferred job's closure before it runs).
+    pub(crate) fn packet_ptr(&self) -> *mut u8 {
+        self.packet.get().cast()
     }
 
     /// Stores the thread's result.
@@ -228,17 +281,6 @@ impl<C: Config> TaskDesc<C> {
                 *ptr::read(p as *mut Box<thread::Result<T>>)
             }
         }
-    }
-
-    /// Drops anything the descriptor still holds (an untaken result, locals),
-    /// so that it can be reused or freed.
-    pub(crate) fn clear(&self) {
-        if let Some(d) = self.drop_packet.take() {
-            // SAFETY: `drop_packet` was set together with the packet's contents.
-            unsafe { d(self.packet.get() as *mut u8) };
-        }
-        // SAFETY: the thread is finished; nobody else touches its locals.
-        drop(unsafe { (*self.locals.get()).take() });
     }
 }
 

@@ -86,6 +86,128 @@ fn trace_writes_chrome_json() {
     });
 }
 
+/// fib through the free `join`, which names no configuration.
+fn fib_free(n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    let (a, b) = ct_worker::join(|| fib_free(n - 1), || fib_free(n - 2));
+    a + b
+}
+
+/// The free functions used as a user writes them, in whatever runtime runs
+/// them: spawned threads that yield, a scope whose threads borrow, nested
+/// joins. Returns the sum it computed (a fixed value when all ran).
+fn free_functions_workload() -> u64 {
+    let hs: Vec<_> = (0..100u64)
+        .map(|i| {
+            ct_worker::spawn(move || {
+                ct_worker::yield_now();
+                i
+            })
+        })
+        .collect();
+    let spawned: u64 = hs.into_iter().map(|h| h.join()).sum();
+    let data: Vec<u64> = (1..=10).collect();
+    let scoped = AtomicUsize::new(0);
+    ct_worker::scope(|s| {
+        for x in &data {
+            let scoped = &scoped;
+            s.spawn(move || {
+                ct_worker::yield_now();
+                scoped.fetch_add(*x as usize, Ordering::Relaxed)
+            });
+        }
+    });
+    let mut forked = 0;
+    ct_worker::parallel_for(0..64, 1, |_| {
+        let _ = fib_free(5);
+    });
+    forked += fib_free(15);
+    spawned + scoped.into_inner() as u64 + forked
+}
+
+/// What `free_functions_workload` returns: 4950 + 55 + fib(15).
+const WORKLOAD_SUM: u64 = 4950 + 55 + 610;
+
+/// The free functions in a runtime of another configuration than the
+/// default do their work there: a plain `join` forks (the trace counts the
+/// forks; it used to run sequentially, `forks: 0`), a plain `spawn` and
+/// `scope` spawn (they used to panic).
+#[test]
+fn free_functions_in_a_trace_runtime() {
+    with_timeout(60, || {
+        let path = std::env::temp_dir().join(format!("ct-trace-free-{}.json", std::process::id()));
+        let rt = Runtime::builder()
+            .workers(2)
+            .trace_file(&path)
+            .build_with::<TraceConfig>()
+            .unwrap();
+        assert_eq!(rt.block_on(|| fib_free(15)), 610);
+        drop(rt);
+        let json = std::fs::read_to_string(&path).expect("trace written at shutdown");
+        std::fs::remove_file(&path).ok();
+        assert!(
+            json.contains("\"forks\":986"),
+            "fib(15) through the free join forks 986 times in the trace: {}",
+            &json[json.len().saturating_sub(100)..]
+        );
+
+        let rt = Runtime::builder()
+            .workers(2)
+            .build_with::<TraceConfig>()
+            .unwrap();
+        assert_eq!(rt.block_on(free_functions_workload), WORKLOAD_SUM);
+    });
+}
+
+/// The same in runtimes of a custom configuration (statistics on, so the
+/// forks of the free functions can be counted) on one and two workers.
+#[test]
+fn free_functions_in_a_custom_runtime() {
+    type C = Custom<ct_context::DefaultPolicy, ct_worker::ChaseLevKind, ct_worker::StatsAspect>;
+    with_timeout(60, || {
+        for workers in [1, 2] {
+            let rt = Runtime::builder()
+                .workers(workers)
+                .build_with::<C>()
+                .unwrap();
+            assert_eq!(rt.block_on(|| fib_free(20)), 6765);
+            // fib(20) joins 10945 times; the block_on thread itself is no fork.
+            assert_eq!(rt.aspect().total().forks, 10945, "{workers} workers");
+            assert_eq!(rt.block_on(free_functions_workload), WORKLOAD_SUM);
+            // 100 spawns and 10 scoped threads were forked on the runtime.
+            assert!(
+                rt.aspect().total().forks >= 10945 + 110,
+                "{:?}",
+                rt.aspect().total()
+            );
+        }
+        let rt = Runtime::builder()
+            .workers(2)
+            .build_with::<StatsConfig>()
+            .unwrap();
+        assert_eq!(rt.block_on(free_functions_workload), WORKLOAD_SUM);
+        assert!(
+            rt.aspect().total().forks >= 110,
+            "{:?}",
+            rt.aspect().total()
+        );
+    });
+}
+
+/// The free functions in a default runtime still work (the fast path).
+#[test]
+fn free_functions_in_a_default_runtime() {
+    with_timeout(60, || {
+        let rt = Runtime::builder().workers(2).build().unwrap();
+        assert_eq!(rt.block_on(free_functions_workload), WORKLOAD_SUM);
+        // And a handle typed for another configuration works here too.
+        let v = rt.block_on(|| ct_worker::spawn_in::<StatsConfig, _, _>(|| 7).join());
+        assert_eq!(v, 7);
+    });
+}
+
 /// A handshake written once against the interface: two threads alternate
 /// through two suspended-thread slots.
 fn handshake<U: UltItf>() -> usize {
