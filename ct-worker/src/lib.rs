@@ -82,7 +82,7 @@
 //! |---|---|---|
 //! | `CT_NUM_WORKERS` | worker OS threads | available CPUs |
 //! | `CT_STACK_SIZE` | stack size per thread (`k`/`M` suffixes) | 128 KiB |
-//! | `CT_TRACE` | trace file of [`TraceConfig`] runtimes | none |
+//! | `CT_TRACE` | trace file of [`TraceConfig`] runtimes (a file that cannot be created fails the build) | none |
 //!
 //! Builder settings override the environment.
 //!

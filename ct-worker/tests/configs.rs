@@ -375,3 +375,73 @@ fn asymmetric_deque_accounts_every_item() {
         eprintln!("stolen: {stolen} of {}", 10 * 50_000);
     });
 }
+
+#[test]
+#[ignore = "helper: runs in a child process of `unwritable_trace_file_fails_the_run`"]
+fn trace_child() {
+    // A program as a user writes it: the runtime's trace file comes from
+    // CT_TRACE (set by the parent).
+    let rt = Runtime::builder()
+        .workers(2)
+        .build_with::<TraceConfig>()
+        .expect("runtime");
+    assert_eq!(rt.block_on(|| fib_free(12)), 144);
+    drop(rt);
+    println!("trace_child done");
+}
+
+/// Runs `trace_child` with `CT_TRACE=path`: (exit code, stdout, stderr).
+fn run_trace_child(path: &std::path::Path) -> (Option<i32>, String, String) {
+    let exe = std::env::current_exe().unwrap();
+    let path = path.to_owned();
+    let out = with_timeout(60, move || {
+        std::process::Command::new(exe)
+            .args(["trace_child", "--exact", "--ignored", "--nocapture"])
+            .env("CT_TRACE", path)
+            .output()
+            .unwrap()
+    });
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A trace file that cannot be created fails the run (the runtime's build
+/// fails, naming the file and CT_TRACE), and one that cannot be written at
+/// shutdown (`/dev/full`) ends the process with status 1: neither prints a
+/// message and exits 0. A writable one is written and the run succeeds.
+#[test]
+fn unwritable_trace_file_fails_the_run() {
+    let dir = std::env::temp_dir().join(format!("ct-trace-missing-{}", std::process::id()));
+    let missing = dir.join("trace.json");
+    let (code, out, err) = run_trace_child(&missing);
+    assert_ne!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(!out.contains("trace_child done"), "stdout:\n{out}");
+    assert!(
+        err.contains("cannot create the trace file") && err.contains("CT_TRACE"),
+        "stderr:\n{err}"
+    );
+    assert!(err.contains(&*missing.to_string_lossy()), "stderr:\n{err}");
+
+    let full = std::path::Path::new("/dev/full");
+    if full.exists() {
+        let (code, out, err) = run_trace_child(full);
+        assert_eq!(code, Some(1), "stdout:\n{out}\nstderr:\n{err}");
+        assert!(
+            err.contains("cannot write trace to /dev/full"),
+            "stderr:\n{err}"
+        );
+    }
+
+    let ok = std::env::temp_dir().join(format!("ct-trace-ok-{}.json", std::process::id()));
+    let (code, out, err) = run_trace_child(&ok);
+    let json = std::fs::read_to_string(&ok).unwrap_or_default();
+    std::fs::remove_file(&ok).ok();
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        json.contains("\"forks\":232"),
+        "fib(12) forks 232 times: {json}"
+    );
+}
