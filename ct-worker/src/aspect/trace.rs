@@ -177,7 +177,7 @@ impl Aspect for TraceAspect {
             };
             let file = std::fs::File::create(path).map_err(|e| {
                 format!(
-                    "ct-worker: cannot create the trace file {} (from {from}): {e}",
+                    "cannot create the trace file {} (from {from}): {e}",
                     path.display()
                 )
             })?;
