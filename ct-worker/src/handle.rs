@@ -75,8 +75,9 @@ impl<T, C: Config> JoinHandle<T, C> {
             if !h.join.is_finished() {
                 (h.ops.wait_finished)(head);
             }
-            // Finished (acquire), and only we take the result.
-            let r = h.take_packet::<T>();
+            // Finished (acquire), and only we take the result; `head`
+            // was cast from the descriptor's pointer.
+            let r = crate::task::take_packet_at::<T>(head);
             (h.ops.free)(head);
             r
         }
@@ -179,8 +180,8 @@ fn exit_thread<C: Config>(me: TaskRef<C>) -> Infallible {
 /// dropped and it exits.
 fn thread_main_raw<C: Config>(me: TaskRef<C>, body: RawBody, data: *mut ()) -> Infallible {
     // SAFETY: `spawn_erased`'s caller gave us `body` and `data` together;
-    // the head is our own.
-    unsafe { body(data, me.desc()) };
+    // the head is our own, cast from the descriptor's pointer.
+    unsafe { body(data, me.ptr().cast()) };
     // SAFETY: only the running thread touches its locals.
     let locals = unsafe { (*me.desc().locals.get()).take() };
     if panic::catch_unwind(AssertUnwindSafe(move || drop(locals))).is_err() {
@@ -195,12 +196,12 @@ fn thread_main_raw<C: Config>(me: TaskRef<C>, body: RawBody, data: *mut ()) -> I
 ///
 /// `data` is a `Box<F>` from `Box::into_raw`, taken once; `head` is the
 /// running thread's, whose result is not stored yet.
-unsafe fn run_boxed<F: FnOnce() -> T, T>(data: *mut (), head: &TaskHead) {
+unsafe fn run_boxed<F: FnOnce() -> T, T>(data: *mut (), head: NonNull<TaskHead>) {
     // SAFETY: the contract.
     let f = unsafe { Box::from_raw(data.cast::<F>()) };
     let r = panic::catch_unwind(AssertUnwindSafe(*f));
     // SAFETY: stored once, by the thread itself, before it finishes.
-    unsafe { head.write_packet(r) };
+    unsafe { crate::task::write_packet_at(head, r) };
 }
 
 /// `RuntimeOps::spawn` of configuration `C`.

@@ -51,19 +51,109 @@ pub(crate) struct TaskOps {
     pub(crate) wait_finished: unsafe fn(NonNull<TaskHead>),
     /// Frees the finished thread's descriptor.
     pub(crate) free: unsafe fn(NonNull<TaskHead>),
+    /// Offset of the descriptor's result packet.
+    packet: usize,
+    /// Offset of the descriptor's `drop_packet`.
+    drop_packet: usize,
 }
 
 /// The part of every descriptor whose layout does not depend on the
 /// configuration: the first fields of [`TaskDesc`] (both are `repr(C)`), so
-/// a descriptor of any configuration can be used through a pointer to it.
+/// a descriptor of any configuration can be used through a pointer to it
+/// (the rest through the offsets in its [`TaskOps`]).
 #[repr(C)]
 pub(crate) struct TaskHead {
     /// The functions of the descriptor's configuration.
     pub(crate) ops: &'static TaskOps,
     pub(crate) join: JoinState,
-    /// Drops a result that was stored but never taken.
-    drop_packet: Cell<Option<unsafe fn(*mut u8)>>,
-    packet: UnsafeCell<MaybeUninit<[u128; PACKET_BYTES / 16]>>,
+}
+
+/// Drops a result that was stored but never taken (a descriptor's
+/// `drop_packet`).
+type DropPacket = Cell<Option<unsafe fn(*mut u8)>>;
+
+/// The result packet of the descriptor headed by `head`, and its
+/// `drop_packet`.
+///
+/// # Safety
+///
+/// `head` heads a live descriptor, and carries the provenance of all of it
+/// (it was cast from a pointer to the descriptor).
+unsafe fn packet_of<'a>(head: NonNull<TaskHead>) -> (*mut u8, &'a DropPacket) {
+    // SAFETY: the contract; the offsets are those of the descriptor's own
+    // configuration (`TaskDesc::new_value`).
+    unsafe {
+        let ops = head.as_ref().ops;
+        let base = head.as_ptr().cast::<u8>();
+        (
+            base.add(ops.packet),
+            &*base
+                .add(ops.drop_packet)
+                .cast::<Cell<Option<unsafe fn(*mut u8)>>>(),
+        )
+    }
+}
+
+/// Stores the result of the running thread whose descriptor `head` heads.
+///
+/// # Safety
+///
+/// As for [`TaskDesc::write_packet`]; `head` as for [`packet_of`].
+pub(crate) unsafe fn write_packet_at<T>(head: NonNull<TaskHead>, r: thread::Result<T>) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let (p, d) = packet_of(head);
+        write_packet_raw(p, d, r)
+    }
+}
+
+/// Takes the result of the finished thread whose descriptor `head` heads.
+///
+/// # Safety
+///
+/// As for [`TaskDesc::take_packet`]; `head` as for [`packet_of`].
+pub(crate) unsafe fn take_packet_at<T>(head: NonNull<TaskHead>) -> thread::Result<T> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let (p, d) = packet_of(head);
+        take_packet_raw(p, d)
+    }
+}
+
+/// [`TaskDesc::write_packet`] on a packet and its `drop_packet`.
+///
+/// # Safety
+///
+/// As for [`TaskDesc::write_packet`].
+unsafe fn write_packet_raw<T>(p: *mut u8, drop: &DropPacket, r: thread::Result<T>) {
+    // SAFETY: the packet area is ours until the thread is marked finished;
+    // `inline_packet` checks size and alignment.
+    unsafe {
+        if inline_packet::<T>() {
+            ptr::write(p as *mut thread::Result<T>, r);
+        } else {
+            ptr::write(p as *mut Box<thread::Result<T>>, Box::new(r));
+        }
+    }
+    drop.set(Some(drop_packet::<T>));
+}
+
+/// [`TaskDesc::take_packet`] on a packet and its `drop_packet`.
+///
+/// # Safety
+///
+/// As for [`TaskDesc::take_packet`].
+unsafe fn take_packet_raw<T>(p: *mut u8, drop: &DropPacket) -> thread::Result<T> {
+    debug_assert!(drop.get().is_some());
+    drop.set(None);
+    // SAFETY: per the contract, a `T` result was written as below.
+    unsafe {
+        if inline_packet::<T>() {
+            ptr::read(p as *mut thread::Result<T>)
+        } else {
+            *ptr::read(p as *mut Box<thread::Result<T>>)
+        }
+    }
 }
 
 /// One user-level thread.
@@ -94,6 +184,9 @@ pub(crate) struct TaskDesc<C: Config> {
     pub(crate) user_word: Cell<usize>,
     /// ULT-local storage, created on first use.
     pub(crate) locals: UnsafeCell<Option<Box<LocalMap>>>,
+    /// Drops a result that was stored but never taken.
+    drop_packet: DropPacket,
+    packet: UnsafeCell<MaybeUninit<[u128; PACKET_BYTES / 16]>>,
 }
 
 impl<C: Config> core::ops::Deref for TaskDesc<C> {
@@ -170,11 +263,11 @@ impl<C: Config> TaskDesc<C> {
                     TaskOps {
                         wait_finished: crate::handle::wait_finished_erased::<C>,
                         free: crate::handle::free_desc_erased::<C>,
+                        packet: core::mem::offset_of!(TaskDesc<C>, packet),
+                        drop_packet: core::mem::offset_of!(TaskDesc<C>, drop_packet),
                     }
                 },
                 join: JoinState::new(),
-                drop_packet: Cell::new(None),
-                packet: UnsafeCell::new(MaybeUninit::uninit()),
             },
             next: ptr::null_mut(),
             owner,
@@ -186,6 +279,8 @@ impl<C: Config> TaskDesc<C> {
             hook_data: Cell::new(0),
             user_word: Cell::new(0),
             locals: UnsafeCell::new(None),
+            drop_packet: Cell::new(None),
+            packet: UnsafeCell::new(MaybeUninit::uninit()),
         }
     }
 
@@ -229,16 +324,16 @@ impl<C: Config> TaskDesc<C> {
     /// Drops anything the descriptor still holds (an untaken result, locals),
     /// so that it can be reused or freed.
     pub(crate) fn clear(&self) {
-        if let Some(d) = self.head.drop_packet.take() {
+        if let Some(d) = self.drop_packet.take() {
             // SAFETY: `drop_packet` was set together with the packet's contents.
-            unsafe { d(self.head.packet.get() as *mut u8) };
+            unsafe { d(self.packet.get() as *mut u8) };
         }
         // SAFETY: the thread is finished; nobody else touches its locals.
         drop(unsafe { (*self.locals.get()).take() });
     }
 }
 
-impl TaskHead {
+impl<C: Config> TaskDesc<C> {
     /// The packet area (for a deferred job's closure before it runs).
     pub(crate) fn packet_ptr(&self) -> *mut u8 {
         self.packet.get().cast()
@@ -250,17 +345,8 @@ impl TaskHead {
     ///
     /// Called once per thread, by the thread itself, before it finishes.
     pub(crate) unsafe fn write_packet<T>(&self, r: thread::Result<T>) {
-        let p = self.packet.get() as *mut u8;
-        // SAFETY: the packet area is ours until the thread is marked finished;
-        // `inline_packet` checks size and alignment.
-        unsafe {
-            if inline_packet::<T>() {
-                ptr::write(p as *mut thread::Result<T>, r);
-            } else {
-                ptr::write(p as *mut Box<thread::Result<T>>, Box::new(r));
-            }
-        }
-        self.drop_packet.set(Some(drop_packet::<T>));
+        // SAFETY: forwarded contract.
+        unsafe { write_packet_raw(self.packet_ptr(), &self.drop_packet, r) }
     }
 
     /// Takes the thread's result.
@@ -270,17 +356,8 @@ impl TaskHead {
     /// The thread must have finished (observed with acquire ordering) and its
     /// result, of type `T`, must not have been taken.
     pub(crate) unsafe fn take_packet<T>(&self) -> thread::Result<T> {
-        let p = self.packet.get() as *mut u8;
-        debug_assert!(self.drop_packet.get().is_some());
-        self.drop_packet.set(None);
-        // SAFETY: per the contract, a `T` result was written as below.
-        unsafe {
-            if inline_packet::<T>() {
-                ptr::read(p as *mut thread::Result<T>)
-            } else {
-                *ptr::read(p as *mut Box<thread::Result<T>>)
-            }
-        }
+        // SAFETY: forwarded contract.
+        unsafe { take_packet_raw(self.packet_ptr(), &self.drop_packet) }
     }
 }
 

@@ -73,7 +73,7 @@ pub(crate) struct WorkerBase {
 
 /// The body of a thread started by [`RuntimeOps::spawn`]: runs the closure
 /// at the pointer and stores its result in the head.
-pub(crate) type RawBody = unsafe fn(*mut (), &TaskHead);
+pub(crate) type RawBody = unsafe fn(*mut (), NonNull<TaskHead>);
 
 /// What the functions that name one configuration (the free functions name
 /// [`DefaultConfig`](crate::DefaultConfig)) do when the runtime running the
