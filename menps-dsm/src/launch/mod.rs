@@ -643,7 +643,7 @@ fn join_shm<U: UltItf>() -> Result<ShmCom<U>> {
     // A second mapping of the control memory, kept for the life of the
     // process: failures are reported ([`report_failure`]) after the
     // communicator (and its mapping) may be gone.
-    if let Ok(c) = Control::attach(std::os::fd::AsFd::as_fd(&control_fd), size) {
+    if let Ok(c) = Control::attach_slots(std::os::fd::AsFd::as_fd(&control_fd), size) {
         let _ = JOB_CONTROL.set((rank, c));
     }
     let com = ShmCom::from_parts(rank, size, control, peers);

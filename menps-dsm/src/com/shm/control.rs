@@ -217,6 +217,18 @@ impl Control {
 
     /// Maps the control memory of the job this process belongs to.
     pub fn attach(fd: BorrowedFd<'_>, nprocs: usize) -> Result<Control> {
+        Self::attach_prefix(fd, nprocs, false)
+    }
+
+    /// Maps the header and the rank slots of the control memory of the job
+    /// this process belongs to (not the rings and scratch areas): for
+    /// [`Control::claim_report`] and [`Control::slot`] only.
+    pub fn attach_slots(fd: BorrowedFd<'_>, nprocs: usize) -> Result<Control> {
+        Self::attach_prefix(fd, nprocs, true)
+    }
+
+    /// [`Control::attach`], or [`Control::attach_slots`] if `slots_only`.
+    fn attach_prefix(fd: BorrowedFd<'_>, nprocs: usize, slots_only: bool) -> Result<Control> {
         let len = sys::file_size(fd)?;
         let bad = |what: &str| {
             Error::BadConfig(format!(
@@ -248,6 +260,12 @@ impl Control {
         if layout.total != len || h.total_bytes.load(Ordering::Relaxed) as usize != len {
             return Err(bad("size does not match its header"));
         }
+        let map = if slots_only {
+            // Header, rank slots and barrier words: the first pages.
+            Mapping::shared(fd, layout.rings_off)?
+        } else {
+            map
+        };
         Ok(Control { map, layout })
     }
 
