@@ -3,7 +3,9 @@
 //! `rayon::join`. Output: JSON lines, seconds per run, plus ns per fork+join.
 //!
 //! `ct-worker` / `ct-worker-asym` use `join_in` (the second closure waits as
-//! a job and becomes a thread only if stolen); `ct-worker-spawn` forks a real
+//! a job and becomes a thread only if stolen); `ct-worker-free` is
+//! `ct-worker` through the free `join`, which finds the running runtime's
+//! configuration itself; `ct-worker-spawn` forks a real
 //! user-level thread every time (`spawn` + `JoinHandle::join`, work-first, as
 //! MassiveThreads does). `ct-worker-hook` / `ct-worker-spawn-hook` are
 //! `ct-worker` / `ct-worker-spawn` with a switch hook installed (one that
@@ -76,6 +78,29 @@ fn fib_ct<C: Config>(n: u64) -> u64 {
     }
     let (a, b) = ct_worker::join_in::<C, _, _, _, _>(|| fib_ct::<C>(n - 1), || fib_ct::<C>(n - 2));
     a + b
+}
+
+/// fib through the free `ct_worker::join` (what user code writes), which
+/// finds the running runtime's configuration itself.
+fn fib_free(n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    let (a, b) = ct_worker::join(|| fib_free(n - 1), || fib_free(n - 2));
+    a + b
+}
+
+fn bench_free(n: u64, workers: usize, runs: usize) -> Stats {
+    let rt = ct_worker::Runtime::builder()
+        .workers(workers)
+        .build()
+        .expect("runtime");
+    repeat(runs, || {
+        time_secs(|| {
+            let r = rt.block_on(|| fib_free(black_box(n)));
+            check(r, n);
+        })
+    })
 }
 
 /// Runs fib(n) on a runtime of configuration `C`; returns the summary.
@@ -168,6 +193,7 @@ fn main() {
                     "ct-worker",
                     bench_ct::<DefaultConfig> as fn(u64, usize, usize) -> Stats,
                 ),
+                ("ct-worker-free", bench_free),
                 ("ct-worker-asym", bench_ct::<AsymmetricConfig>),
                 ("ct-worker-spawn", bench_spawn),
                 ("ct-worker-hook", bench_ct::<HookConfig>),

@@ -28,6 +28,10 @@ pub enum Error {
     /// memory it owns, or refuses the stack size).
     #[error("the stack source cannot provide a thread stack: {0}")]
     StackSource(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The configuration's aspect cannot be set up (a
+    /// [`TraceAspect`](crate::TraceAspect) whose file cannot be created).
+    #[error("{0}")]
+    Aspect(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A worker thread could not be started.
     #[error("cannot start worker thread: {0}")]
     Spawn(#[source] std::io::Error),

@@ -15,17 +15,21 @@ use crate::os_waiter::OsWaiter;
 use crate::pool::GLOBAL;
 use crate::runtime::Shared;
 use crate::stack::StackSource;
-use crate::task::{StackOf, StartFn, TaskDesc, TaskRef};
-use crate::worker::Worker;
+use crate::task::{StackOf, StartFn, TaskDesc, TaskHead, TaskRef};
+use crate::worker::{RawBody, Worker};
 
 /// An owned permission to join a user-level thread, like
 /// [`std::thread::JoinHandle`]. Dropping it detaches the thread.
 ///
 /// A handle may be joined from any user-level thread (the joiner is parked,
 /// not its worker) or from a plain OS thread (which blocks).
+///
+/// The configuration parameter names the runtime the handle was asked of;
+/// the handle works whatever runtime its thread belongs to (the free
+/// [`spawn`] returns a `JoinHandle<T>` in a runtime of any configuration).
 pub struct JoinHandle<T, C: Config = DefaultConfig> {
-    desc: NonNull<TaskDesc<C>>,
-    _result: PhantomData<T>,
+    head: NonNull<TaskHead>,
+    _result: PhantomData<(T, fn() -> C)>,
 }
 
 // SAFETY: the handle only gives access to the result (a `T`), which is `Send`.
@@ -34,25 +38,49 @@ unsafe impl<T: Send, C: Config> Send for JoinHandle<T, C> {}
 unsafe impl<T: Send, C: Config> Sync for JoinHandle<T, C> {}
 
 impl<T, C: Config> JoinHandle<T, C> {
-    fn task(&self) -> TaskRef<C> {
-        TaskRef::new(self.desc)
+    /// The handle of a fresh thread of any configuration.
+    fn from_desc<D: Config>(desc: NonNull<TaskDesc<D>>) -> Self {
+        // A descriptor starts with its head (`TaskHead`).
+        Self::from_head(desc.cast())
+    }
+
+    /// The handle of a fresh thread, by its descriptor's head.
+    fn from_head(head: NonNull<TaskHead>) -> Self {
+        JoinHandle {
+            head,
+            _result: PhantomData,
+        }
+    }
+
+    fn head(&self) -> &TaskHead {
+        // SAFETY: the descriptor lives until the handle frees it (joined) or
+        // gives it up (detached, on drop).
+        unsafe { self.head.as_ref() }
     }
 
     /// Whether the thread has finished (joining will not block).
     pub fn is_finished(&self) -> bool {
-        self.task().desc().join.is_finished()
+        self.head().join.is_finished()
     }
 
     /// Waits for the thread and returns its result, or the payload of the
     /// panic that ended it.
     pub fn try_join(self) -> thread::Result<T> {
-        let task = self.task();
+        let head = self.head;
         core::mem::forget(self);
-        // SAFETY: the handle is the only joiner and is consumed.
-        let r = unsafe { wait_and_take::<C, T>(task) };
-        // SAFETY: the thread is finished and its handle consumed.
-        unsafe { free_desc(task.ptr()) };
-        r
+        // SAFETY: the handle is the only joiner and is consumed; the
+        // descriptor's own functions wait for and free it.
+        unsafe {
+            let h = head.as_ref();
+            if !h.join.is_finished() {
+                (h.ops.wait_finished)(head);
+            }
+            // Finished (acquire), and only we take the result; `head`
+            // was cast from the descriptor's pointer.
+            let r = crate::task::take_packet_at::<T>(head);
+            (h.ops.free)(head);
+            r
+        }
     }
 
     /// Waits for the thread and returns its result; re-raises its panic.
@@ -66,11 +94,11 @@ impl<T, C: Config> JoinHandle<T, C> {
 
 impl<T, C: Config> Drop for JoinHandle<T, C> {
     fn drop(&mut self) {
-        let task = self.task();
-        if !task.desc().join.detach() {
+        let h = self.head();
+        if !h.join.detach() {
             // Already finished: nobody else will free it.
             // SAFETY: the thread is finished and its handle is going away.
-            unsafe { free_desc(task.ptr()) };
+            unsafe { (h.ops.free)(self.head) };
         }
     }
 }
@@ -81,6 +109,26 @@ impl<T, C: Config> core::fmt::Debug for JoinHandle<T, C> {
             .field("finished", &self.is_finished())
             .finish()
     }
+}
+
+/// [`TaskOps::wait_finished`] of configuration `C`.
+///
+/// # Safety
+///
+/// `head` heads a `TaskDesc<C>`; the caller is its only joiner.
+pub(crate) unsafe fn wait_finished_erased<C: Config>(head: NonNull<TaskHead>) {
+    // SAFETY: forwarded contract.
+    unsafe { wait_finished(TaskRef::<C>::new(head.cast())) }
+}
+
+/// [`TaskOps::free`] of configuration `C`.
+///
+/// # Safety
+///
+/// `head` heads a finished `TaskDesc<C>` that nobody uses any more.
+pub(crate) unsafe fn free_desc_erased<C: Config>(head: NonNull<TaskHead>) {
+    // SAFETY: forwarded contract.
+    unsafe { free_desc::<C>(head.cast()) }
 }
 
 /// Frees a finished thread's descriptor from wherever we are.
@@ -95,8 +143,9 @@ unsafe fn free_desc<C: Config>(d: NonNull<TaskDesc<C>>) {
         // Outside the runtime there is no pool at hand (descriptors do not
         // point back to their runtime): release the descriptor. The owning
         // worker simply allocates a fresh one when its pool runs dry.
-        // SAFETY: forwarded contract; descriptors are boxes.
-        None => unsafe { drop(Box::from_raw(d.as_ptr())) },
+        // SAFETY: forwarded contract; `destroy` frees a descriptor made by
+        // `TaskDesc::create` (from the system allocator).
+        None => unsafe { <TaskDesc<C> as crate::pool::PoolItem>::destroy(d) },
     }
 }
 
@@ -115,10 +164,71 @@ where
     }
     // SAFETY: stored once, by the thread itself, before it finishes.
     unsafe { me.desc().write_packet(r) };
+    exit_thread(me)
+}
+
+/// Ends the running thread `me`, whose result is stored.
+fn exit_thread<C: Config>(me: TaskRef<C>) -> Infallible {
     // The thread may have migrated: exit through the worker we are on now.
     let w = Worker::<C>::current().expect("a user-level thread runs on a worker");
     // SAFETY: our last action; nothing with a destructor is left on the stack.
     unsafe { w.exit(me) }
+}
+
+/// The body of a thread started by `RuntimeOps::spawn`: `body` runs the
+/// closure at `data` and stores its result; then the thread's ULT-locals are
+/// dropped and it exits.
+fn thread_main_raw<C: Config>(me: TaskRef<C>, body: RawBody, data: *mut ()) -> Infallible {
+    // SAFETY: `spawn_erased`'s caller gave us `body` and `data` together;
+    // the head is our own, cast from the descriptor's pointer.
+    unsafe { body(data, me.ptr().cast()) };
+    // SAFETY: only the running thread touches its locals.
+    let locals = unsafe { (*me.desc().locals.get()).take() };
+    if panic::catch_unwind(AssertUnwindSafe(move || drop(locals))).is_err() {
+        eprintln!("ct-worker: a ULT-local destructor panicked; the panic was ignored");
+    }
+    exit_thread(me)
+}
+
+/// [`RawBody`] of a boxed `F` returning `T`.
+///
+/// # Safety
+///
+/// `data` is a `Box<F>` from `Box::into_raw`, taken once; `head` is the
+/// running thread's, whose result is not stored yet.
+unsafe fn run_boxed<F: FnOnce() -> T, T>(data: *mut (), head: NonNull<TaskHead>) {
+    // SAFETY: the contract.
+    let f = unsafe { Box::from_raw(data.cast::<F>()) };
+    let r = panic::catch_unwind(AssertUnwindSafe(*f));
+    // SAFETY: stored once, by the thread itself, before it finishes.
+    unsafe { crate::task::write_packet_at(head, r) };
+}
+
+/// `RuntimeOps::spawn` of configuration `C`.
+///
+/// # Safety
+///
+/// Called from a user-level thread of a `C` runtime; `body` may be called
+/// with `data` (once); everything `data` borrows outlives the thread.
+pub(crate) unsafe fn spawn_erased<C: Config>(
+    body: RawBody,
+    data: *mut (),
+) -> Result<NonNull<TaskHead>> {
+    let w = Worker::<C>::current()
+        .filter(|w| w.running().is_some())
+        .expect("spawn_erased runs on a user-level thread of its configuration");
+    let stack = w.alloc_stack()?;
+    let desc = w.alloc_desc();
+    let child = TaskRef::new(desc);
+    child.desc().stack.set(Some(stack));
+    // SAFETY: called from `w`'s running thread; `child` is fresh and runs on
+    // `stack`; `data` outlives the thread per the contract.
+    unsafe {
+        w.suspend_to_new(child, stack, move || {
+            thread_main_raw::<C>(child, body, data)
+        })
+    };
+    Ok(desc.cast())
 }
 
 /// Work-first spawn on worker `w`, from its running thread. Fails (before
@@ -136,10 +246,7 @@ where
     let desc = w.alloc_desc();
     // SAFETY: forwarded contract; the descriptor and the stack are fresh.
     unsafe { fork_on::<C, F, T>(w, TaskRef::new(desc), stack, f) };
-    Ok(JoinHandle {
-        desc,
-        _result: PhantomData,
-    })
+    Ok(JoinHandle::from_desc(desc))
 }
 
 /// Forks `f` as thread `child` (a fresh descriptor) on `w`, on `stack`.
@@ -197,10 +304,7 @@ where
         f.cast_const().cast::<()>(),
     )));
     shared.inject(child);
-    Ok(JoinHandle {
-        desc,
-        _result: PhantomData,
-    })
+    Ok(JoinHandle::from_desc(desc))
 }
 
 /// Starts a thread spawned from outside the runtime (its closure boxed at
@@ -241,16 +345,17 @@ fn fatal(msg: &str) -> ! {
     std::process::abort()
 }
 
-/// Spawns a user-level thread on the current runtime (default configuration).
+/// Spawns a user-level thread on the runtime running the caller, whatever its
+/// configuration ([`spawn_in`] says how).
 ///
 /// The child runs at once on this worker (work-first); the caller's
 /// continuation can be stolen by other workers meanwhile.
 ///
 /// # Panics
 ///
-/// Panics if called outside a user-level thread of a default-configuration
-/// runtime (use [`Runtime::spawn`](crate::Runtime::spawn) from OS threads), or
-/// if the stack source cannot provide a stack (see [`try_spawn_in`]).
+/// Panics if called outside a user-level thread (use
+/// [`Runtime::spawn`](crate::Runtime::spawn) from OS threads), or if the
+/// stack source cannot provide a stack (see [`try_spawn_in`]).
 pub fn spawn<F, T>(f: F) -> JoinHandle<T>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -259,7 +364,10 @@ where
     spawn_in::<DefaultConfig, F, T>(f)
 }
 
-/// [`spawn`] for a runtime of configuration `C`.
+/// [`spawn`], typed for a runtime of configuration `C`: the fast path is a
+/// runtime of configuration `C`; in a runtime of another configuration the
+/// thread is that runtime's (its closure boxed on the way), and the handle
+/// works all the same.
 pub fn spawn_in<C: Config, F, T>(f: F) -> JoinHandle<T, C>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -273,7 +381,7 @@ where
 ///
 /// # Panics
 ///
-/// Panics if called outside a user-level thread of a `C` runtime.
+/// Panics if called outside a user-level thread.
 pub fn try_spawn_in<C: Config, F, T>(f: F) -> Result<JoinHandle<T, C>>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -283,7 +391,8 @@ where
     unsafe { try_spawn_unchecked_in::<C, F, T>(f) }
 }
 
-/// Spawns without lifetime bounds, from a user-level thread of a `C` runtime.
+/// Spawns without lifetime bounds, from a user-level thread (of a `C`
+/// runtime, or forwarded to the running one).
 ///
 /// # Safety
 ///
@@ -308,13 +417,28 @@ where
     F: FnOnce() -> T + Send,
     T: Send,
 {
-    match Worker::<C>::current().filter(|w| w.running().is_some()) {
+    if let Some(w) = Worker::<C>::current().filter(|w| w.running().is_some()) {
         // SAFETY: forwarded contract.
-        Some(w) => unsafe { spawn_on(w, f) },
-        None => panic!(
-            "ct-worker: spawn called outside a user-level thread of a runtime with this \
-             configuration; start the program with Runtime::block_on or use Runtime::spawn"
-        ),
+        return unsafe { spawn_on(w, f) };
+    }
+    // A runtime of another configuration (or none).
+    let Some(ops) = crate::worker::current_running_ops() else {
+        panic!(
+            "ct-worker: spawn called outside a user-level thread; start the program with \
+             Runtime::block_on or use Runtime::spawn"
+        )
+    };
+    let data = Box::into_raw(Box::new(f)).cast::<()>();
+    // SAFETY: we run a user-level thread of the runtime `ops` belong to;
+    // `run_boxed::<F, T>` takes the box at `data`; borrows: forwarded
+    // contract.
+    match unsafe { (ops.spawn)(run_boxed::<F, T>, data) } {
+        Ok(head) => Ok(JoinHandle::from_head(head)),
+        Err(e) => {
+            // SAFETY: on error the box was not touched.
+            drop(unsafe { Box::from_raw(data.cast::<F>()) });
+            Err(e)
+        }
     }
 }
 
@@ -325,7 +449,8 @@ where
 /// returns, the caller runs `b` itself, and no thread is created at all.
 /// Unlike with rayon, both closures may block (park) anywhere, and the caller
 /// may resume on another worker. Both may borrow from the caller. Outside a
-/// runtime both run sequentially.
+/// runtime both run sequentially; in a runtime of any configuration they run
+/// as described ([`join_in`] says how).
 ///
 /// `a` runs on the caller's stack: nested joins recurse on it like plain
 /// calls — about 250 bytes per level in release builds, 1.3 KB in debug
@@ -349,7 +474,10 @@ where
     join_in::<DefaultConfig, A, B, RA, RB>(a, b)
 }
 
-/// [`join`] for a runtime of configuration `C`.
+/// [`join`], fastest in a runtime of configuration `C` (one thread-local
+/// load and compare find the worker). In a runtime of another configuration
+/// it forwards to that runtime's `join_in`, through references to the
+/// closures.
 pub fn join_in<C: Config, A, B, RA, RB>(a: A, b: B) -> (RA, RB)
 where
     A: FnOnce() -> RA + Send,
@@ -357,9 +485,50 @@ where
     RA: Send,
     RB: Send,
 {
-    let Some(w) = Worker::<C>::current() else {
+    match Worker::<C>::current() {
+        Some(w) => join_on(w, a, b),
+        None => join_other(a, b),
+    }
+}
+
+/// [`join_in`] where the running runtime's configuration is not `C`: forwards
+/// to the running runtime's `join` (sequential outside any).
+#[inline(never)]
+fn join_other<A, B, RA, RB>(a: A, b: B) -> (RA, RB)
+where
+    A: FnOnce() -> RA + Send,
+    B: FnOnce() -> RB + Send,
+    RA: Send,
+    RB: Send,
+{
+    let Some(ops) = crate::worker::current_running_ops() else {
         return (a(), b());
     };
+    let (mut a, mut b) = (Some(a), Some(b));
+    let (mut ra, mut rb) = (None, None);
+    (ops.join)(&mut || ra = a.take().map(|a| a()), &mut || {
+        rb = b.take().map(|b| b())
+    });
+    match (ra, rb) {
+        (Some(ra), Some(rb)) => (ra, rb),
+        _ => unreachable!("join runs both closures"),
+    }
+}
+
+/// `RuntimeOps::join` of configuration `C`.
+pub(crate) fn join_erased<C: Config>(a: &mut (dyn FnMut() + Send), b: &mut (dyn FnMut() + Send)) {
+    join_in::<C, _, _, _, _>(a, b);
+}
+
+/// [`join_in`] on worker `w` of a `C` runtime, the current one.
+#[inline]
+fn join_on<C: Config, A, B, RA, RB>(w: &Worker<C>, a: A, b: B) -> (RA, RB)
+where
+    A: FnOnce() -> RA + Send,
+    B: FnOnce() -> RB + Send,
+    RA: Send,
+    RB: Send,
+{
     if w.running().is_none() {
         return (a(), b());
     }
@@ -472,19 +641,22 @@ unsafe fn wait_finished<C: Config>(task: TaskRef<C>) {
     debug_assert!(desc.join.is_finished());
 }
 
-/// Lets other user-level threads of this worker run. Outside a runtime, yields
-/// the OS thread.
+/// Lets other user-level threads of this worker run (in a runtime of any
+/// configuration). Outside a runtime, yields the OS thread.
 pub fn yield_now() {
     yield_now_in::<DefaultConfig>();
 }
 
-/// [`yield_now`] for a runtime of configuration `C`.
+/// [`yield_now`], fastest in a runtime of configuration `C`.
 pub fn yield_now_in<C: Config>() {
     match Worker::<C>::current().filter(|w| w.running().is_some()) {
         // SAFETY: we are `w`'s running thread; the ontop function makes us
         // runnable again after our context is saved.
         Some(w) => unsafe { w.yield_running() },
-        None => thread::yield_now(),
+        None => match crate::worker::current_running_ops() {
+            Some(ops) => (ops.yield_now)(),
+            None => thread::yield_now(),
+        },
     }
 }
 

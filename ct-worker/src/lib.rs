@@ -40,6 +40,14 @@
 //!   threads' stacks that way); the default [`NoHook`] costs nothing.
 //! - **Aspects** ([`Aspect`]): zero-cost by default; [`StatsConfig`] counts
 //!   scheduler events, [`TraceConfig`] writes a Chrome trace (`CT_TRACE=file`).
+//! - **One program for every configuration**: the free functions ([`join`],
+//!   [`spawn`], [`scope`], [`yield_now`], [`parallel_for`]) work in a
+//!   runtime of any configuration — in one built with
+//!   `build_with::<TraceConfig>()` a plain `join` forks and is traced. The
+//!   `_in::<C>` forms ([`join_in`], …) are the same functions with their
+//!   fast path in a runtime of configuration `C`; in another runtime they
+//!   forward to the running one's (through references to the closures; a
+//!   spawned closure is boxed).
 //! - **[`UltItf`]**: the interface higher layers are written against, also
 //!   implemented for plain OS threads ([`OsThreads`]).
 //!
@@ -74,7 +82,7 @@
 //! |---|---|---|
 //! | `CT_NUM_WORKERS` | worker OS threads | available CPUs |
 //! | `CT_STACK_SIZE` | stack size per thread (`k`/`M` suffixes) | 128 KiB |
-//! | `CT_TRACE` | trace file of [`TraceConfig`] runtimes | none |
+//! | `CT_TRACE` | trace file of [`TraceConfig`] runtimes (a file that cannot be created fails the build) | none |
 //!
 //! Builder settings override the environment.
 //!

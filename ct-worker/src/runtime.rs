@@ -351,8 +351,9 @@ impl<S, H> Builder<S, H> {
     /// # Errors
     ///
     /// An invalid worker count or stack size (from the builder or the
-    /// environment), a stack source that refuses the stack size, or a worker
-    /// thread that cannot be started.
+    /// environment), a stack source that refuses the stack size, an aspect
+    /// that cannot be set up (a trace file that cannot be created), or a
+    /// worker thread that cannot be started.
     pub fn build_with<C: Config>(self) -> Result<Runtime<C>>
     where
         S: BuilderPart<C::Stacks>,
@@ -386,6 +387,11 @@ impl<S, H> Builder<S, H> {
             stealers.push(s);
             home_stealers.push(hs);
         }
+        let aspect = C::Aspect::try_new(&AspectInit {
+            workers,
+            trace_path: self.trace_path.clone(),
+        })
+        .map_err(Error::Aspect)?;
         let shared = Arc::new(Shared::<C> {
             id: NEXT_RUNTIME_ID.fetch_add(1, Ordering::Relaxed),
             workers,
@@ -401,10 +407,7 @@ impl<S, H> Builder<S, H> {
             stack_size,
             sleep: Sleep::new(workers),
             shutdown: AtomicBool::new(false),
-            aspect: C::Aspect::new(&AspectInit {
-                workers,
-                trace_path: self.trace_path.clone(),
-            }),
+            aspect,
         });
         {
             let any: Arc<dyn std::any::Any + Send + Sync> = shared.clone();

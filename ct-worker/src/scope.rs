@@ -12,12 +12,23 @@ use crate::suspended::SuspendedThread;
 
 /// A scope in which threads borrowing from the caller can be spawned; see
 /// [`scope`].
+///
+/// The configuration parameter names the runtime the scope was asked of; in
+/// a runtime of another configuration the scope is that runtime's (see
+/// [`scope_in`]).
+// `repr(C)`: a scope of one configuration is used as a scope of another
+// (its layout does not depend on it).
+#[repr(C)]
 pub struct Scope<'scope, 'env: 'scope, C: Config = DefaultConfig> {
     /// Threads not finished yet, plus one for the scope's owner.
     pending: AtomicUsize,
     /// Panics of threads whose handles were not joined.
     unhandled_panics: AtomicUsize,
+    /// Where the owner parks, a `SuspendedThread` of the configuration of
+    /// the runtime running the scope (`C` unless forwarded).
     owner: SuspendedThread<C>,
+    /// Notifies `owner` as a slot of that configuration.
+    notify_owner: fn(*const ()) -> bool,
     _scope: PhantomData<&'scope mut &'scope ()>,
     _env: PhantomData<&'env mut &'env ()>,
 }
@@ -36,10 +47,11 @@ pub struct ScopedJoinHandle<'scope, T, C: Config = DefaultConfig> {
 /// after all threads have finished. A panic of `f` itself is re-raised (after
 /// the threads have finished).
 ///
+/// Works in a runtime of any configuration (see [`scope_in`]).
+///
 /// # Panics
 ///
-/// Panics if called outside a user-level thread of a default-configuration
-/// runtime (use [`scope_in`] for other configurations).
+/// [`Scope::spawn`] panics if called outside a user-level thread.
 ///
 /// ```
 /// let rt = ct_worker::Runtime::new().unwrap();
@@ -64,15 +76,23 @@ where
     scope_in::<DefaultConfig, F, T>(f)
 }
 
-/// [`scope`] for a runtime of configuration `C`.
+/// [`scope`] for a runtime of configuration `C`. In a runtime of another
+/// configuration it forwards to that runtime's `scope_in` (the fast path is
+/// a runtime of configuration `C`).
 pub fn scope_in<'env, C: Config, F, T>(f: F) -> T
 where
     F: for<'scope> FnOnce(&'scope Scope<'scope, 'env, C>) -> T,
 {
+    if crate::worker::Worker::<C>::current().is_none()
+        && let Some(ops) = crate::worker::current_running_ops()
+    {
+        return scope_other::<C, F, T>(ops, f);
+    }
     let scope = Scope::<C> {
         pending: AtomicUsize::new(1),
         unhandled_panics: AtomicUsize::new(0),
         owner: SuspendedThread::empty(),
+        notify_owner: notify_slot::<C>,
         _scope: PhantomData,
         _env: PhantomData,
     };
@@ -91,6 +111,49 @@ where
     }
 }
 
+/// Notifies a `SuspendedThread<C>` at `p`.
+fn notify_slot<C: Config>(p: *const ()) -> bool {
+    // SAFETY: `p` is the `owner` of a live `Scope<C>` (see `finish_one`).
+    unsafe { &*p.cast::<SuspendedThread<C>>() }.notify()
+}
+
+/// [`scope_in`] in a runtime of another configuration than `C`: runs `f` in
+/// that runtime's scope.
+#[inline(never)]
+fn scope_other<'env, C: Config, F, T>(ops: &crate::worker::RuntimeOps, f: F) -> T
+where
+    F: for<'scope> FnOnce(&'scope Scope<'scope, 'env, C>) -> T,
+{
+    let mut f = Some(f);
+    let mut r = None;
+    (ops.scope)(&mut |p| {
+        // SAFETY: `p` is a live scope of the running runtime's configuration,
+        // which outlives this call; scopes of all configurations have one
+        // layout (`repr(C)`, the configuration only in `SuspendedThread`'s
+        // phantom), and `notify_owner` notifies with the right one.
+        let s = unsafe { scope_ref::<C>(p) };
+        if let Some(f) = f.take() {
+            r = Some(f(s));
+        }
+    });
+    r.expect("scope runs its body")
+}
+
+/// The scope at `p`, as a `Scope<C>` for the duration of the caller's body.
+///
+/// # Safety
+///
+/// `p` is a live `Scope` (of any configuration) that outlives `'a`.
+unsafe fn scope_ref<'a, 'env, C: Config>(p: *const ()) -> &'a Scope<'a, 'env, C> {
+    // SAFETY: the contract.
+    unsafe { &*p.cast::<Scope<'a, 'env, C>>() }
+}
+
+/// `RuntimeOps::scope` of configuration `C`.
+pub(crate) fn scope_erased<C: Config>(body: &mut dyn FnMut(*const ())) {
+    scope_in::<C, _, ()>(|s| body(core::ptr::from_ref(s).cast::<()>()));
+}
+
 impl<'scope, 'env, C: Config> Scope<'scope, 'env, C> {
     /// Spawns a thread that may borrow from outside the scope. It runs at once
     /// (work-first); the caller continues when it blocks or finishes, or when
@@ -101,8 +164,8 @@ impl<'scope, 'env, C: Config> Scope<'scope, 'env, C> {
         T: Send + 'scope,
     {
         assert!(
-            crate::worker::Worker::<C>::current().is_some_and(|w| w.running().is_some()),
-            "ct-worker: Scope::spawn called outside a user-level thread of a runtime with this configuration"
+            crate::worker::current_running_ops().is_some(),
+            "ct-worker: Scope::spawn called outside a user-level thread"
         );
         self.pending.fetch_add(1, Ordering::Relaxed);
         let scope = self;
@@ -131,7 +194,7 @@ impl<'scope, 'env, C: Config> Scope<'scope, 'env, C> {
             // (or parked). Wake it; until it is parked, keep trying. After a
             // successful notify we never touch the scope again.
             let mut spins = 0u32;
-            while !self.owner.notify() {
+            while !(self.notify_owner)(core::ptr::from_ref(&self.owner).cast::<()>()) {
                 spins += 1;
                 if spins < 64 {
                     core::hint::spin_loop();

@@ -33,6 +33,8 @@ use crate::worker::Worker;
 /// concurrently. It is meant to live inside a synchronisation object (a lock
 /// queue node, a condition variable entry) whose protocol decides who parks in
 /// it and who wakes it.
+// `repr(C)`: one layout for all configurations (a `Scope` relies on it).
+#[repr(C)]
 pub struct SuspendedThread<C: Config = DefaultConfig> {
     word: AtomicUsize,
     _config: PhantomData<fn() -> C>,

@@ -41,9 +41,126 @@ pub(crate) type StartFn<C> =
 /// A stack handed out by `C`'s stack source.
 pub(crate) type StackOf<C> = <<C as Config>::Stacks as StackSource>::Stack;
 
+/// What a [`JoinHandle`](crate::JoinHandle) needs of its thread's runtime
+/// configuration, as functions of the descriptor: a handle (and its type's
+/// configuration parameter) may then refer to a thread of any runtime — the
+/// free [`spawn`](crate::spawn) hands out default-typed handles to threads
+/// of whichever runtime runs the caller.
+pub(crate) struct TaskOps {
+    /// Parks the caller until the thread has finished.
+    pub(crate) wait_finished: unsafe fn(NonNull<TaskHead>),
+    /// Frees the finished thread's descriptor.
+    pub(crate) free: unsafe fn(NonNull<TaskHead>),
+    /// Offset of the descriptor's result packet.
+    packet: usize,
+    /// Offset of the descriptor's `drop_packet`.
+    drop_packet: usize,
+}
+
+/// The part of every descriptor whose layout does not depend on the
+/// configuration: the first fields of [`TaskDesc`] (both are `repr(C)`), so
+/// a descriptor of any configuration can be used through a pointer to it
+/// (the rest through the offsets in its [`TaskOps`]).
+#[repr(C)]
+pub(crate) struct TaskHead {
+    /// The functions of the descriptor's configuration.
+    pub(crate) ops: &'static TaskOps,
+    pub(crate) join: JoinState,
+}
+
+/// Drops a result that was stored but never taken (a descriptor's
+/// `drop_packet`).
+type DropPacket = Cell<Option<unsafe fn(*mut u8)>>;
+
+/// The result packet of the descriptor headed by `head`, and its
+/// `drop_packet`.
+///
+/// # Safety
+///
+/// `head` heads a live descriptor, and carries the provenance of all of it
+/// (it was cast from a pointer to the descriptor).
+unsafe fn packet_of<'a>(head: NonNull<TaskHead>) -> (*mut u8, &'a DropPacket) {
+    // SAFETY: the contract; the offsets are those of the descriptor's own
+    // configuration (`TaskDesc::new_value`).
+    unsafe {
+        let ops = head.as_ref().ops;
+        let base = head.as_ptr().cast::<u8>();
+        (
+            base.add(ops.packet),
+            &*base
+                .add(ops.drop_packet)
+                .cast::<Cell<Option<unsafe fn(*mut u8)>>>(),
+        )
+    }
+}
+
+/// Stores the result of the running thread whose descriptor `head` heads.
+///
+/// # Safety
+///
+/// As for [`TaskDesc::write_packet`]; `head` as for [`packet_of`].
+pub(crate) unsafe fn write_packet_at<T>(head: NonNull<TaskHead>, r: thread::Result<T>) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let (p, d) = packet_of(head);
+        write_packet_raw(p, d, r)
+    }
+}
+
+/// Takes the result of the finished thread whose descriptor `head` heads.
+///
+/// # Safety
+///
+/// As for [`TaskDesc::take_packet`]; `head` as for [`packet_of`].
+pub(crate) unsafe fn take_packet_at<T>(head: NonNull<TaskHead>) -> thread::Result<T> {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let (p, d) = packet_of(head);
+        take_packet_raw(p, d)
+    }
+}
+
+/// [`TaskDesc::write_packet`] on a packet and its `drop_packet`.
+///
+/// # Safety
+///
+/// As for [`TaskDesc::write_packet`].
+unsafe fn write_packet_raw<T>(p: *mut u8, drop: &DropPacket, r: thread::Result<T>) {
+    // SAFETY: the packet area is ours until the thread is marked finished;
+    // `inline_packet` checks size and alignment.
+    unsafe {
+        if inline_packet::<T>() {
+            ptr::write(p as *mut thread::Result<T>, r);
+        } else {
+            ptr::write(p as *mut Box<thread::Result<T>>, Box::new(r));
+        }
+    }
+    drop.set(Some(drop_packet::<T>));
+}
+
+/// [`TaskDesc::take_packet`] on a packet and its `drop_packet`.
+///
+/// # Safety
+///
+/// As for [`TaskDesc::take_packet`].
+unsafe fn take_packet_raw<T>(p: *mut u8, drop: &DropPacket) -> thread::Result<T> {
+    debug_assert!(drop.get().is_some());
+    drop.set(None);
+    // SAFETY: per the contract, a `T` result was written as below.
+    unsafe {
+        if inline_packet::<T>() {
+            ptr::read(p as *mut thread::Result<T>)
+        } else {
+            *ptr::read(p as *mut Box<thread::Result<T>>)
+        }
+    }
+}
+
 /// One user-level thread.
 #[repr(C, align(16))]
 pub(crate) struct TaskDesc<C: Config> {
+    /// Must stay first (see [`TaskHead`]).
+    head: TaskHead,
     next: *mut TaskDesc<C>,
     owner: usize,
     /// Id of the runtime the thread belongs to (for wake-ups from outside).
@@ -58,7 +175,6 @@ pub(crate) struct TaskDesc<C: Config> {
     /// how to start it as a thread, and its closure. Set before the job is
     /// pushed; taken by whoever takes the job from the deque.
     pub(crate) start: Cell<Option<(StartFn<C>, *const ())>>,
-    pub(crate) join: JoinState,
     /// The stack the thread runs on; released when it finishes.
     pub(crate) stack: Cell<Option<StackOf<C>>>,
     /// The switch hook's word for this thread (0 when it starts).
@@ -69,8 +185,17 @@ pub(crate) struct TaskDesc<C: Config> {
     /// ULT-local storage, created on first use.
     pub(crate) locals: UnsafeCell<Option<Box<LocalMap>>>,
     /// Drops a result that was stored but never taken.
-    drop_packet: Cell<Option<unsafe fn(*mut u8)>>,
+    drop_packet: DropPacket,
     packet: UnsafeCell<MaybeUninit<[u128; PACKET_BYTES / 16]>>,
+}
+
+impl<C: Config> core::ops::Deref for TaskDesc<C> {
+    type Target = TaskHead;
+
+    #[inline(always)]
+    fn deref(&self) -> &TaskHead {
+        &self.head
+    }
 }
 
 // SAFETY: `next` is a field of the descriptor.
@@ -133,13 +258,23 @@ impl<C: Config> TaskDesc<C> {
 
     fn new_value(owner: usize) -> Self {
         TaskDesc {
+            head: TaskHead {
+                ops: &const {
+                    TaskOps {
+                        wait_finished: crate::handle::wait_finished_erased::<C>,
+                        free: crate::handle::free_desc_erased::<C>,
+                        packet: core::mem::offset_of!(TaskDesc<C>, packet),
+                        drop_packet: core::mem::offset_of!(TaskDesc<C>, drop_packet),
+                    }
+                },
+                join: JoinState::new(),
+            },
             next: ptr::null_mut(),
             owner,
             runtime_id: Cell::new(0),
             ctx: UnsafeCell::new(None),
             home: Cell::new(usize::MAX),
             start: Cell::new(None),
-            join: JoinState::new(),
             stack: Cell::new(None),
             hook_data: Cell::new(0),
             user_word: Cell::new(0),
@@ -157,11 +292,6 @@ impl<C: Config> TaskDesc<C> {
         self.user_word.set(0);
         debug_assert!(self.stack.get().is_none());
         debug_assert!(self.drop_packet.get().is_none());
-    }
-
-    /// The packet area (for a deferred job's closure before it runs).
-    pub(crate) fn packet_ptr(&self) -> *mut u8 {
-        self.packet.get().cast()
     }
 
     /// Stores the saved context of the (now suspended) thread.
@@ -203,45 +333,6 @@ impl<C: Config> TaskDesc<C> {
         unsafe { (*self.ctx.get()).take() }.expect("a suspended thread has a saved context")
     }
 
-    /// Stores the thread's result.
-    ///
-    /// # Safety
-    ///
-    /// Called once per thread, by the thread itself, before it finishes.
-    pub(crate) unsafe fn write_packet<T>(&self, r: thread::Result<T>) {
-        let p = self.packet.get() as *mut u8;
-        // SAFETY: the packet area is ours until the thread is marked finished;
-        // `inline_packet` checks size and alignment.
-        unsafe {
-            if inline_packet::<T>() {
-                ptr::write(p as *mut thread::Result<T>, r);
-            } else {
-                ptr::write(p as *mut Box<thread::Result<T>>, Box::new(r));
-            }
-        }
-        self.drop_packet.set(Some(drop_packet::<T>));
-    }
-
-    /// Takes the thread's result.
-    ///
-    /// # Safety
-    ///
-    /// The thread must have finished (observed with acquire ordering) and its
-    /// result, of type `T`, must not have been taken.
-    pub(crate) unsafe fn take_packet<T>(&self) -> thread::Result<T> {
-        let p = self.packet.get() as *mut u8;
-        debug_assert!(self.drop_packet.get().is_some());
-        self.drop_packet.set(None);
-        // SAFETY: per the contract, a `T` result was written as below.
-        unsafe {
-            if inline_packet::<T>() {
-                ptr::read(p as *mut thread::Result<T>)
-            } else {
-                *ptr::read(p as *mut Box<thread::Result<T>>)
-            }
-        }
-    }
-
     /// Drops anything the descriptor still holds (an untaken result, locals),
     /// so that it can be reused or freed.
     pub(crate) fn clear(&self) {
@@ -251,6 +342,34 @@ impl<C: Config> TaskDesc<C> {
         }
         // SAFETY: the thread is finished; nobody else touches its locals.
         drop(unsafe { (*self.locals.get()).take() });
+    }
+}
+
+impl<C: Config> TaskDesc<C> {
+    /// The packet area (for a deferred job's closure before it runs).
+    pub(crate) fn packet_ptr(&self) -> *mut u8 {
+        self.packet.get().cast()
+    }
+
+    /// Stores the thread's result.
+    ///
+    /// # Safety
+    ///
+    /// Called once per thread, by the thread itself, before it finishes.
+    pub(crate) unsafe fn write_packet<T>(&self, r: thread::Result<T>) {
+        // SAFETY: forwarded contract.
+        unsafe { write_packet_raw(self.packet_ptr(), &self.drop_packet, r) }
+    }
+
+    /// Takes the thread's result.
+    ///
+    /// # Safety
+    ///
+    /// The thread must have finished (observed with acquire ordering) and its
+    /// result, of type `T`, must not have been taken.
+    pub(crate) unsafe fn take_packet<T>(&self) -> thread::Result<T> {
+        // SAFETY: forwarded contract.
+        unsafe { take_packet_raw(self.packet_ptr(), &self.drop_packet) }
     }
 }
 

@@ -44,7 +44,7 @@ use crate::remote_list::Linked;
 use crate::rng::Rng;
 use crate::runtime::Shared;
 use crate::stack::StackSource;
-use crate::task::{CANCELLED, RESUMED, StackOf, TaskDesc, TaskRef};
+use crate::task::{CANCELLED, RESUMED, StackOf, TaskDesc, TaskHead, TaskRef};
 
 /// Where a thread keeps its ULT-locals.
 pub(crate) type LocalsCell = NonNull<UnsafeCell<Option<Box<LocalMap>>>>;
@@ -67,6 +67,32 @@ pub(crate) struct WorkerBase {
     thread: unsafe fn(*const WorkerBase) -> Option<ThreadInfo>,
     /// Hooks to run when this worker runs out of runnable threads.
     pub(crate) idle_hooks: IdleHooks,
+    /// The configuration's operations on type-erased arguments.
+    pub(crate) ops: &'static RuntimeOps,
+}
+
+/// The body of a thread started by [`RuntimeOps::spawn`]: runs the closure
+/// at the pointer and stores its result in the head.
+pub(crate) type RawBody = unsafe fn(*mut (), NonNull<TaskHead>);
+
+/// What the functions that name one configuration (the free functions name
+/// [`DefaultConfig`](crate::DefaultConfig)) do when the runtime running the
+/// caller has another: they forward to the running runtime's functions,
+/// type-erased, found through the worker's base.
+pub(crate) struct RuntimeOps {
+    /// `join` on closures behind references.
+    pub(crate) join: fn(&mut (dyn FnMut() + Send), &mut (dyn FnMut() + Send)),
+    /// `yield_now`.
+    pub(crate) yield_now: fn(),
+    /// Spawns a thread running `body(data, its head)` from the running
+    /// thread; `data` is untouched on error.
+    ///
+    /// Safety: called from a user-level thread of this worker's runtime;
+    /// everything `data` borrows outlives the thread.
+    pub(crate) spawn: unsafe fn(RawBody, *mut ()) -> Result<NonNull<TaskHead>>,
+    /// `scope`, its scope given to the body as a pointer to a `Scope` of
+    /// this configuration (whose layout is that of any configuration's).
+    pub(crate) scope: fn(&mut dyn FnMut(*const ())),
 }
 
 std::thread_local! {
@@ -112,6 +138,17 @@ pub(crate) fn current_thread() -> Option<ThreadInfo> {
     }
     // SAFETY: a non-null base belongs to the live worker of this OS thread.
     unsafe { ((*b).thread)(b) }
+}
+
+/// The type-erased operations of the runtime running a user-level thread on
+/// this OS thread, if one does.
+pub(crate) fn current_running_ops() -> Option<&'static RuntimeOps> {
+    let b = current_base();
+    if b.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null base belongs to the live worker of this OS thread.
+    unsafe { ((*b).thread)(b).map(|_| (*b).ops) }
 }
 
 /// `(runtime id, worker index, worker count)` of the current worker.
@@ -188,6 +225,14 @@ impl<C: Config> Worker<C> {
                 locals: locals_of::<C>,
                 thread: thread_of::<C>,
                 idle_hooks: IdleHooks::new(),
+                ops: &const {
+                    RuntimeOps {
+                        join: crate::handle::join_erased::<C>,
+                        yield_now: crate::handle::yield_now_in::<C>,
+                        spawn: crate::handle::spawn_erased::<C>,
+                        scope: crate::scope::scope_erased::<C>,
+                    }
+                },
             },
             index,
             deque,

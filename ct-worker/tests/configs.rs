@@ -86,6 +86,128 @@ fn trace_writes_chrome_json() {
     });
 }
 
+/// fib through the free `join`, which names no configuration.
+fn fib_free(n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    let (a, b) = ct_worker::join(|| fib_free(n - 1), || fib_free(n - 2));
+    a + b
+}
+
+/// The free functions used as a user writes them, in whatever runtime runs
+/// them: spawned threads that yield, a scope whose threads borrow, nested
+/// joins. Returns the sum it computed (a fixed value when all ran).
+fn free_functions_workload() -> u64 {
+    let hs: Vec<_> = (0..100u64)
+        .map(|i| {
+            ct_worker::spawn(move || {
+                ct_worker::yield_now();
+                i
+            })
+        })
+        .collect();
+    let spawned: u64 = hs.into_iter().map(|h| h.join()).sum();
+    let data: Vec<u64> = (1..=10).collect();
+    let scoped = AtomicUsize::new(0);
+    ct_worker::scope(|s| {
+        for x in &data {
+            let scoped = &scoped;
+            s.spawn(move || {
+                ct_worker::yield_now();
+                scoped.fetch_add(*x as usize, Ordering::Relaxed)
+            });
+        }
+    });
+    let mut forked = 0;
+    ct_worker::parallel_for(0..64, 1, |_| {
+        let _ = fib_free(5);
+    });
+    forked += fib_free(15);
+    spawned + scoped.into_inner() as u64 + forked
+}
+
+/// What `free_functions_workload` returns: 4950 + 55 + fib(15).
+const WORKLOAD_SUM: u64 = 4950 + 55 + 610;
+
+/// The free functions in a runtime of another configuration than the
+/// default do their work there: a plain `join` forks (the trace counts the
+/// forks; it used to run sequentially, `forks: 0`), a plain `spawn` and
+/// `scope` spawn (they used to panic).
+#[test]
+fn free_functions_in_a_trace_runtime() {
+    with_timeout(60, || {
+        let path = std::env::temp_dir().join(format!("ct-trace-free-{}.json", std::process::id()));
+        let rt = Runtime::builder()
+            .workers(2)
+            .trace_file(&path)
+            .build_with::<TraceConfig>()
+            .unwrap();
+        assert_eq!(rt.block_on(|| fib_free(15)), 610);
+        drop(rt);
+        let json = std::fs::read_to_string(&path).expect("trace written at shutdown");
+        std::fs::remove_file(&path).ok();
+        assert!(
+            json.contains("\"forks\":986"),
+            "fib(15) through the free join forks 986 times in the trace: {}",
+            &json[json.len().saturating_sub(100)..]
+        );
+
+        let rt = Runtime::builder()
+            .workers(2)
+            .build_with::<TraceConfig>()
+            .unwrap();
+        assert_eq!(rt.block_on(free_functions_workload), WORKLOAD_SUM);
+    });
+}
+
+/// The same in runtimes of a custom configuration (statistics on, so the
+/// forks of the free functions can be counted) on one and two workers.
+#[test]
+fn free_functions_in_a_custom_runtime() {
+    type C = Custom<ct_context::DefaultPolicy, ct_worker::ChaseLevKind, ct_worker::StatsAspect>;
+    with_timeout(60, || {
+        for workers in [1, 2] {
+            let rt = Runtime::builder()
+                .workers(workers)
+                .build_with::<C>()
+                .unwrap();
+            assert_eq!(rt.block_on(|| fib_free(20)), 6765);
+            // fib(20) joins 10945 times; the block_on thread itself is no fork.
+            assert_eq!(rt.aspect().total().forks, 10945, "{workers} workers");
+            assert_eq!(rt.block_on(free_functions_workload), WORKLOAD_SUM);
+            // 100 spawns and 10 scoped threads were forked on the runtime.
+            assert!(
+                rt.aspect().total().forks >= 10945 + 110,
+                "{:?}",
+                rt.aspect().total()
+            );
+        }
+        let rt = Runtime::builder()
+            .workers(2)
+            .build_with::<StatsConfig>()
+            .unwrap();
+        assert_eq!(rt.block_on(free_functions_workload), WORKLOAD_SUM);
+        assert!(
+            rt.aspect().total().forks >= 110,
+            "{:?}",
+            rt.aspect().total()
+        );
+    });
+}
+
+/// The free functions in a default runtime still work (the fast path).
+#[test]
+fn free_functions_in_a_default_runtime() {
+    with_timeout(60, || {
+        let rt = Runtime::builder().workers(2).build().unwrap();
+        assert_eq!(rt.block_on(free_functions_workload), WORKLOAD_SUM);
+        // And a handle typed for another configuration works here too.
+        let v = rt.block_on(|| ct_worker::spawn_in::<StatsConfig, _, _>(|| 7).join());
+        assert_eq!(v, 7);
+    });
+}
+
 /// A handshake written once against the interface: two threads alternate
 /// through two suspended-thread slots.
 fn handshake<U: UltItf>() -> usize {
@@ -252,4 +374,74 @@ fn asymmetric_deque_accounts_every_item() {
         );
         eprintln!("stolen: {stolen} of {}", 10 * 50_000);
     });
+}
+
+#[test]
+#[ignore = "helper: runs in a child process of `unwritable_trace_file_fails_the_run`"]
+fn trace_child() {
+    // A program as a user writes it: the runtime's trace file comes from
+    // CT_TRACE (set by the parent).
+    let rt = Runtime::builder()
+        .workers(2)
+        .build_with::<TraceConfig>()
+        .expect("runtime");
+    assert_eq!(rt.block_on(|| fib_free(12)), 144);
+    drop(rt);
+    println!("trace_child done");
+}
+
+/// Runs `trace_child` with `CT_TRACE=path`: (exit code, stdout, stderr).
+fn run_trace_child(path: &std::path::Path) -> (Option<i32>, String, String) {
+    let exe = std::env::current_exe().unwrap();
+    let path = path.to_owned();
+    let out = with_timeout(60, move || {
+        std::process::Command::new(exe)
+            .args(["trace_child", "--exact", "--ignored", "--nocapture"])
+            .env("CT_TRACE", path)
+            .output()
+            .unwrap()
+    });
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A trace file that cannot be created fails the run (the runtime's build
+/// fails, naming the file and CT_TRACE), and one that cannot be written at
+/// shutdown (`/dev/full`) ends the process with status 1: neither prints a
+/// message and exits 0. A writable one is written and the run succeeds.
+#[test]
+fn unwritable_trace_file_fails_the_run() {
+    let dir = std::env::temp_dir().join(format!("ct-trace-missing-{}", std::process::id()));
+    let missing = dir.join("trace.json");
+    let (code, out, err) = run_trace_child(&missing);
+    assert_ne!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(!out.contains("trace_child done"), "stdout:\n{out}");
+    assert!(
+        err.contains("cannot create the trace file") && err.contains("CT_TRACE"),
+        "stderr:\n{err}"
+    );
+    assert!(err.contains(&*missing.to_string_lossy()), "stderr:\n{err}");
+
+    let full = std::path::Path::new("/dev/full");
+    if full.exists() {
+        let (code, out, err) = run_trace_child(full);
+        assert_eq!(code, Some(1), "stdout:\n{out}\nstderr:\n{err}");
+        assert!(
+            err.contains("cannot write trace to /dev/full"),
+            "stderr:\n{err}"
+        );
+    }
+
+    let ok = std::env::temp_dir().join(format!("ct-trace-ok-{}.json", std::process::id()));
+    let (code, out, err) = run_trace_child(&ok);
+    let json = std::fs::read_to_string(&ok).unwrap_or_default();
+    std::fs::remove_file(&ok).ok();
+    assert_eq!(code, Some(0), "stdout:\n{out}\nstderr:\n{err}");
+    assert!(
+        json.contains("\"forks\":232"),
+        "fib(12) forks 232 times: {json}"
+    );
 }

@@ -332,7 +332,7 @@ fn main() -> ExitCode {
     let com: AnyCom<OsThreads> = match menps_dsm::launch::init_or_relaunch(4) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("cg: cannot start the job: {e}");
+            menps_dsm::launch::report_failure("cg", &e);
             return ExitCode::from(3);
         }
     };
@@ -340,7 +340,9 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("cg: DSM error: {e}");
+            // One line per failure, from the process that failed (not from
+            // the others, which only learn that it died).
+            menps_dsm::launch::report_failure("cg", &e);
             ExitCode::FAILURE
         }
     }

@@ -175,14 +175,14 @@ fn main() -> ExitCode {
     let com: AnyCom<OsThreads> = match menps_dsm::launch::init_or_relaunch(4) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("dot_product: cannot start the job: {e}");
+            menps_dsm::launch::report_failure("dot_product", &e);
             return ExitCode::FAILURE;
         }
     };
     let dsm: D = match Dsm::new(com) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("dot_product: cannot start the DSM: {e}");
+            menps_dsm::launch::report_failure("dot_product", &e);
             return ExitCode::FAILURE;
         }
     };
@@ -192,7 +192,8 @@ fn main() -> ExitCode {
     let o = match (outcome, finalized) {
         (Ok(o), Ok(())) => o,
         (Err(e), _) | (_, Err(e)) => {
-            eprintln!("dot_product: rank {rank}: DSM error: {e}");
+            // One line per failure, from the process that failed.
+            menps_dsm::launch::report_failure("dot_product", &e);
             return ExitCode::FAILURE;
         }
     };

@@ -26,7 +26,10 @@
 //!
 //! # Example
 //!
-//! ```no_run
+//! ```
+//! # // SAFETY: the first statement of a single-threaded program; a hung job
+//! # // is killed after 120 s (this is a test).
+//! # unsafe { std::env::set_var("MENPS_TIMEOUT_SECS", "120") };
 //! use menps_dsm::com::{AnyCom, Coll, Comm, Rma, Windows};
 //!
 //! // Starts 4 processes running this program (MENPS_NPROCS overrides 4);

@@ -292,7 +292,7 @@ fn check_detection(
         run.dump()
     );
     assert!(
-        run.stderr.contains(&format!("menps: rank {dead} (pid"))
+        run.stderr.contains(&format!(": rank {dead} (pid"))
             && run.stderr.contains("signal 9 (SIGKILL)"),
         "{what}: launcher message: {}",
         run.dump()

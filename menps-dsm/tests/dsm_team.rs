@@ -55,6 +55,7 @@ fn job_entry() {
         "fork_before_start" => fork_before_start(&dsm),
         "stack_overflow" => stack_overflow(&dsm),
         "dead_stack" => dead_stack(&dsm),
+        "plain_join" => plain_join(&dsm),
         other => panic!("unknown scenario {other}"),
     }
     dsm.finalize().unwrap();
@@ -434,6 +435,47 @@ fn stack_intact(dsm: &D) {
     .unwrap();
 }
 
+/// A tree of plain `ct_worker::join`s (the free function, which names no
+/// configuration) inside a team thread: its leaves run on DSM stacks, and
+/// on both of the process's workers (the idle one steals halves), so the
+/// joins fork for real in the team's runtime.
+fn plain_join(dsm: &D) {
+    /// Leaves of the tree under it, and a bit per worker that ran a leaf;
+    /// every leaf checks that it runs on a DSM stack of this process.
+    fn spread(depth: u32) -> (u64, u64) {
+        if depth == 0 {
+            let here = 0u8;
+            let (r, _) = t_owner(&here);
+            assert_eq!(r, process::with(|d| d.rank()).unwrap());
+            // Work long enough for the other worker to steal the sibling.
+            let t = std::time::Instant::now();
+            while t.elapsed() < std::time::Duration::from_micros(200) {
+                std::hint::spin_loop();
+            }
+            let w = ct_worker::current_worker_index().expect("on a worker");
+            return (1, 1 << w);
+        }
+        let ((a, wa), (b, wb)) = ct_worker::join(|| spread(depth - 1), || spread(depth - 1));
+        (a + b, wa | wb)
+    }
+    let team = Team::new(dsm, 2).unwrap();
+    team.run_main(|| {
+        let work = |t: &TeamThread<'_>| {
+            let (leaves, workers) = spread(8);
+            assert_eq!(leaves, 256);
+            assert_eq!(
+                workers,
+                0b11,
+                "thread {}: the leaves ran on workers {workers:#b}, not on both",
+                t.thread_num()
+            );
+        };
+        // SAFETY: the closure captures nothing.
+        unsafe { team.parallel(1, &work) }.unwrap();
+    })
+    .unwrap();
+}
+
 /// A team thread of the last process panics while the others wait at a
 /// team barrier: its process ends with a message, the others fail with a
 /// dead peer; nobody hangs.
@@ -764,6 +806,11 @@ fn dead_stack_blocks_are_not_merged_live_ones_are() {
 #[test]
 fn blocked_thread_resumes_with_its_stack_intact() {
     run("stack_intact", &[2]);
+}
+
+#[test]
+fn plain_join_in_a_team_thread_forks_on_dsm_stacks() {
+    run("plain_join", &[1, 2]);
 }
 
 #[test]

@@ -71,6 +71,9 @@ fn run_scenario<C: Communicator>(name: &str, com: &C) {
         "stopped_peer" => scenario_stopped_peer(com),
         "launcher_stopped" => scenario_launcher_stopped(com),
         "launcher_stopped_timeout" => scenario_launcher_stopped_timeout(com),
+        "report_same" => scenario_report_same(com),
+        "report_one" => scenario_report_one(com),
+        "report_long" => scenario_report_long(com),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -248,6 +251,43 @@ fn scenario_panic<C: Communicator>(com: &C) {
     let err = com.barrier().unwrap_err();
     assert_eq!(err, Error::PeerDied { rank: 1 });
     println!("rank {me} detected {err:?}");
+}
+
+/// Every rank fails with the same error at the same moment (a setting all
+/// of them read, say) and reports it.
+fn scenario_report_same<C: Communicator>(com: &C) {
+    com.barrier().unwrap();
+    let e = menps_dsm::dsm::DsmError::Config("MENPS_TEST_SETTING=x is not a number".into());
+    menps_dsm::launch::report_failure("report_test", &e);
+    std::process::exit(1)
+}
+
+/// Rank 1 fails with a cause of its own and reports it; the others learn of
+/// it in a barrier (`PeerDied`) and report that, as every process of a
+/// program reporting its errors does.
+fn scenario_report_one<C: Communicator>(com: &C) {
+    com.barrier().unwrap();
+    if com.rank() == 1 {
+        let e = menps_dsm::dsm::DsmError::OutOfMemory("rank 1's own cause".into());
+        menps_dsm::launch::report_failure("report_test", &e);
+        std::process::exit(2)
+    }
+    let e = menps_dsm::dsm::DsmError::Com(com.barrier().unwrap_err());
+    menps_dsm::launch::report_failure("report_test", &e);
+    std::process::exit(1)
+}
+
+/// The long report of rank `r` (distinct per rank).
+fn long_report(r: usize) -> String {
+    format!("cause of rank {r}: {}", format!("<{r}>").repeat(600))
+}
+
+/// Every rank fails at once with a long error of its own and reports it.
+fn scenario_report_long<C: Communicator>(com: &C) {
+    com.barrier().unwrap();
+    let e = menps_dsm::dsm::DsmError::InvalidArgument(long_report(com.rank()));
+    menps_dsm::launch::report_failure("report_test", &e);
+    std::process::exit(1)
 }
 
 /// The last rank exits normally at once; the others' barrier can never
@@ -479,7 +519,7 @@ fn kill9_is_detected_by_every_other_process() {
         );
     }
     assert!(
-        run.stderr.contains("menps: rank 2 (pid") && run.stderr.contains("signal 9 (SIGKILL)"),
+        run.stderr.contains(": rank 2 (pid") && run.stderr.contains("signal 9 (SIGKILL)"),
         "launcher message: {}",
         run.dump()
     );
@@ -498,7 +538,10 @@ fn panic_is_detected_and_fails_the_job() {
             run.dump()
         );
     }
-    assert!(run.stderr.contains("menps: rank 1 (pid"), "{}", run.dump());
+    // The program started its own job: the launcher names the process
+    // that failed without a report (a panic) under the program's name.
+    assert!(run.stderr.contains(": rank 1 (pid"), "{}", run.dump());
+    assert!(!run.stderr.contains("menps: rank 1 (pid"), "{}", run.dump());
     assert!(
         run.stderr.contains("exited with status 101"),
         "{}",
@@ -682,4 +725,71 @@ fn menps_binary_runs_and_prefixes_output() {
     }
     let out = Command::new(menps).arg("--help").output().unwrap();
     assert!(out.status.success() && String::from_utf8_lossy(&out.stdout).contains("MENPS_NPROCS"));
+}
+
+/// Lines of `stderr` that come from the launcher (a rank's end, named by
+/// the launcher) rather than from the ranks' own reports.
+fn launcher_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("menps:") || l.contains(" (pid "))
+        .collect()
+}
+
+/// A failure every process hits alike is reported once, by one process,
+/// naming its rank; the program started its own job, so no launcher
+/// speaks.
+#[test]
+fn the_same_failure_on_every_process_is_one_report() {
+    let run = job("report_same", 4);
+    assert_eq!(run.code(), Some(1), "{}", run.dump());
+    let reports: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("MENPS_TEST_SETTING"))
+        .collect();
+    assert_eq!(reports.len(), 1, "one report: {}", run.dump());
+    assert!(
+        reports[0].starts_with("report_test: rank ")
+            && reports[0]
+                .ends_with(": bad DSM configuration: MENPS_TEST_SETTING=x is not a number"),
+        "{}",
+        run.dump()
+    );
+    assert!(launcher_lines(&run.stderr).is_empty(), "{}", run.dump());
+}
+
+/// A process that fails with its own cause is the one report; the others,
+/// which only learn that it died, stay quiet; no launcher message; the job
+/// exits with the failed process's status.
+#[test]
+fn a_failure_is_reported_by_the_failed_process_alone() {
+    let run = job("report_one", 3);
+    assert_eq!(run.code(), Some(2), "{}", run.dump());
+    assert_eq!(
+        run.stderr.trim_end(),
+        "report_test: rank 1: out of DSM memory: rank 1's own cause",
+        "{}",
+        run.dump()
+    );
+}
+
+/// Long reports of processes failing at once arrive whole, one per line.
+#[test]
+fn reports_of_processes_failing_at_once_do_not_interleave() {
+    let n = 4;
+    let run = job("report_long", n);
+    assert_eq!(run.code(), Some(1), "{}", run.dump());
+    for r in 0..n {
+        let want = format!(
+            "report_test: rank {r}: invalid argument: {}",
+            long_report(r)
+        );
+        assert!(
+            run.stderr.lines().any(|l| l == want),
+            "rank {r}'s report is not a line of its own: {}",
+            run.dump()
+        );
+    }
+    assert!(launcher_lines(&run.stderr).is_empty(), "{}", run.dump());
 }

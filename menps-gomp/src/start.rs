@@ -128,7 +128,8 @@ unsafe extern "C-unwind" fn program_main(
         Ok(status) => status,
         Err(e) => {
             let _rt = RuntimeGuard::enter();
-            eprintln!("{e}");
+            // One line, and none for a failure that is another process's.
+            menps_dsm::launch::report_failure("menps-gomp", &e);
             1
         }
     }

@@ -237,7 +237,17 @@ impl Builder {
             Err(e) if rank == 0 => Err(e),
             Ok(None) => std::process::exit(0),
             Err(e) => {
-                eprintln!("{e} (process {rank})");
+                // One line, and none for a failure that is another
+                // process's (it reports its own).
+                let program = std::env::args_os()
+                    .next()
+                    .and_then(|a| {
+                        std::path::Path::new(&a)
+                            .file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                    })
+                    .unwrap_or_else(|| "menps-omp".into());
+                menps_dsm::launch::report_failure(&program, &e);
                 std::process::exit(1)
             }
         }

@@ -27,6 +27,13 @@ pub trait Aspect: Send + Sync + Sized + 'static {
     /// Creates the aspect for a runtime.
     fn new(init: &AspectInit) -> Self;
 
+    /// Creates the aspect for a runtime, or says why it cannot (the
+    /// runtime's build then fails with [`Error::Aspect`](crate::Error::Aspect)).
+    /// The runtime calls this; the default is [`Aspect::new`].
+    fn try_new(init: &AspectInit) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(Self::new(init))
+    }
+
     /// Worker `w` forked a thread.
     #[inline(always)]
     fn fork(&self, w: usize) {

@@ -59,9 +59,17 @@ impl WorkerTrace {
 /// or the `CT_TRACE` environment variable; with neither, nothing is recorded.
 /// Each worker keeps at most 2^20 events; the number dropped beyond that is
 /// written to the file's `otherData`.
+///
+/// The file is created when the runtime is built: if it cannot be, the build
+/// fails ([`Error::Aspect`](crate::Error::Aspect), naming the file and
+/// where its name came from). If writing it at shutdown fails, the process
+/// exits with status 1 after saying why: a run whose trace was asked for
+/// and lost does not end as a success.
 #[derive(Debug)]
 pub struct TraceAspect {
     path: Option<PathBuf>,
+    /// The file created at build time (`try_new`), written at shutdown.
+    file: std::sync::Mutex<Option<std::fs::File>>,
     epoch: Instant,
     workers: Vec<CachePadded<UnsafeCell<WorkerTrace>>>,
 }
@@ -151,11 +159,31 @@ impl Aspect for TraceAspect {
             .or_else(|| std::env::var_os("CT_TRACE").map(PathBuf::from));
         TraceAspect {
             path,
+            file: std::sync::Mutex::new(None),
             epoch: Instant::now(),
             workers: (0..init.workers)
                 .map(|_| CachePadded::new(UnsafeCell::new(WorkerTrace::default())))
                 .collect(),
         }
+    }
+
+    fn try_new(init: &AspectInit) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        let this = Self::new(init);
+        if let Some(path) = &this.path {
+            let from = if init.trace_path.is_some() {
+                "Builder::trace_file"
+            } else {
+                "CT_TRACE"
+            };
+            let file = std::fs::File::create(path).map_err(|e| {
+                format!(
+                    "cannot create the trace file {} (from {from}): {e}",
+                    path.display()
+                )
+            })?;
+            *this.file.lock().unwrap_or_else(|e| e.into_inner()) = Some(file);
+        }
+        Ok(this)
     }
 
     fn fork(&self, w: usize) {
@@ -204,9 +232,15 @@ impl Aspect for TraceAspect {
             unsafe { (*cell.get()).end_run(now) };
         }
         let json = self.render();
-        let written = std::fs::File::create(path).and_then(|mut f| f.write_all(json.as_bytes()));
+        let file = self.file.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let written = match file {
+            Some(f) => Ok(f),
+            None => std::fs::File::create(path),
+        }
+        .and_then(|mut f| f.write_all(json.as_bytes()));
         if let Err(e) = written {
             eprintln!("ct-worker: cannot write trace to {}: {e}", path.display());
+            std::process::exit(1);
         }
     }
 }

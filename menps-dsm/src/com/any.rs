@@ -4,7 +4,10 @@
 //! that must run both from `cargo run` (shm, the launcher relaunches the
 //! program) and under `mpirun` (feature `mpi`) joins its job as `AnyCom`:
 //!
-//! ```no_run
+//! ```
+//! # // SAFETY: the first statement of a single-threaded program; a hung job
+//! # // is killed after 120 s (this is a test).
+//! # unsafe { std::env::set_var("MENPS_TIMEOUT_SECS", "120") };
 //! use menps_dsm::com::{AnyCom, Coll, Comm};
 //! let com: AnyCom<ct_worker::OsThreads> = menps_dsm::launch::init_or_relaunch(4)?;
 //! println!("rank {} of {} on {}", com.rank(), com.size(), com.backend_name());

@@ -14,7 +14,7 @@ pub enum Error {
     /// non-zero status. The job cannot continue; the launcher stops it.
     #[error(
         "process rank {rank} died (crashed, was killed or exited with an error); \
-         the job cannot continue — see the launcher's message for how it ended"
+         the job cannot continue — its own report, or the launcher's, says how it ended"
     )]
     PeerDied {
         /// Rank of the (first) process that died.
@@ -125,6 +125,14 @@ pub enum Error {
         /// `errno`.
         errno: i32,
     },
+}
+
+impl Error {
+    /// Whether this only says that another process of the job died first
+    /// ([`Error::PeerDied`]): that process's failure is the cause.
+    pub fn is_peer_death(&self) -> bool {
+        matches!(self, Error::PeerDied { .. })
+    }
 }
 
 /// Result with this crate's [`Error`].

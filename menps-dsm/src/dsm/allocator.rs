@@ -5,9 +5,14 @@
 //! *running DSM code* come from the DSM heap, at addresses valid in every
 //! process; every other allocation comes from the system allocator:
 //!
-//! ```no_run
+//! ```
 //! #[global_allocator]
 //! static ALLOC: menps_dsm::dsm::DsmAllocator = menps_dsm::dsm::DsmAllocator;
+//!
+//! // No DSM runs yet: this comes from the system allocator.
+//! let v: Vec<u64> = (1..=100).collect();
+//! assert!(!menps_dsm::dsm::allocator::is_dsm_pointer(v.as_ptr().cast()));
+//! assert_eq!(v.iter().sum::<u64>(), 5050);
 //! ```
 //!
 //! A thread runs DSM code while its stack is a DSM call stack (the stack

@@ -89,6 +89,14 @@ pub enum DsmError {
     Misuse(String),
 }
 
+impl DsmError {
+    /// Whether this only says that another process of the job died first
+    /// ([`com::Error::PeerDied`]): that process's failure is the cause.
+    pub fn is_peer_death(&self) -> bool {
+        matches!(self, DsmError::Com(e) if e.is_peer_death())
+    }
+}
+
 impl From<RaceReport> for DsmError {
     fn from(r: RaceReport) -> Self {
         DsmError::DataRace(Box::new(r))

@@ -1,7 +1,10 @@
 //! Global variables that live in the DSM, declared with
 //! [`dsm_global!`](crate::dsm_global).
 //!
-//! ```no_run
+//! ```
+//! # // SAFETY: the first statement of a single-threaded program; a hung job
+//! # // is killed after 120 s (this is a test).
+//! # unsafe { std::env::set_var("MENPS_TIMEOUT_SECS", "120") };
 //! use menps_dsm::dsm::Dsm;
 //! use menps_dsm::com::ShmCom;
 //! use ct_worker::OsThreads;

@@ -7,13 +7,21 @@
 //! its drop) it is also reachable here, type-erased, as a
 //! [`ProcessDsm`]:
 //!
-//! ```no_run
+//! ```
+//! # // SAFETY: the first statement of a single-threaded program; a hung job
+//! # // is killed after 120 s (this is a test).
+//! # unsafe { std::env::set_var("MENPS_TIMEOUT_SECS", "120") };
+//! # let com: menps_dsm::com::ShmCom<ct_worker::OsThreads> =
+//! #     menps_dsm::launch::init_or_relaunch(2)?;
+//! # let dsm: menps_dsm::dsm::Dsm<_> = menps_dsm::dsm::Dsm::new(com)?;
 //! use menps_dsm::dsm::process;
 //!
 //! // Anywhere in the program, in any thread of a process whose DSM runs:
 //! let (rank, n) = process::with(|d| (d.rank(), d.nprocs()))?;
+//! assert!(rank < n);
 //! process::with(|d| d.barrier())??;
-//! # Ok::<(), menps_dsm::dsm::DsmError>(())
+//! # dsm.finalize()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! Before the DSM starts and after it ends, [`with`] returns

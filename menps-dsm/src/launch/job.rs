@@ -51,14 +51,58 @@ fn describe(status: ExitStatus) -> String {
 /// Every process is started with `MENPS_*` variables that let
 /// [`init`](super::init) join the job, `personality(ADDR_NO_RANDOMIZE)` and
 /// `PR_SET_PDEATHSIG(SIGKILL)`. Messages about failures go to stderr,
-/// prefixed `menps:`.
+/// prefixed `menps:` (a program that starts its own job with
+/// [`init_or_relaunch`](super::init_or_relaunch) is named by its own name
+/// instead, and says nothing more of a process that reported its failure
+/// itself with [`report_failure`](super::report_failure)).
 ///
 /// With [`Backend::Mpi`] the job is started by `mpirun` instead (see
 /// [`run_mpi_job`]).
 pub fn run_job(config: &JobConfig, program: &Program) -> Result<i32> {
+    run_job_as(config, program, &Launcher::menps())
+}
+
+/// Who runs a job, for the launcher's messages.
+pub(crate) struct Launcher {
+    /// Prefix of its messages: `menps`, or the program's name.
+    name: String,
+    /// The program started the job itself ([`super::init_or_relaunch`]):
+    /// the user never ran a launcher, so the failure of a process that
+    /// reported it itself ([`super::report_failure`]) gets no second
+    /// message, and others are named without launcher vocabulary.
+    self_launched: bool,
+}
+
+impl Launcher {
+    /// The `menps` launcher (the binary, or a caller of [`run_job`]).
+    pub(crate) fn menps() -> Self {
+        Launcher {
+            name: "menps".into(),
+            self_launched: false,
+        }
+    }
+
+    /// `program` starting its own job.
+    pub(crate) fn program(program: &Program) -> Self {
+        let name = program
+            .arg0
+            .as_ref()
+            .map(std::path::Path::new)
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "menps".into());
+        Launcher {
+            name,
+            self_launched: true,
+        }
+    }
+}
+
+/// [`run_job`] by `who`.
+pub(crate) fn run_job_as(config: &JobConfig, program: &Program, who: &Launcher) -> Result<i32> {
     config.validate()?;
     if config.backend == Backend::Mpi {
-        return run_mpi_job(config, program);
+        return run_mpi_job_as(config, program, who);
     }
     let n = config.nprocs;
     // The time limit as an instant of the system-wide monotonic clock, so
@@ -174,7 +218,7 @@ pub fn run_job(config: &JobConfig, program: &Program) -> Result<i32> {
     drop(sockets);
     drop(control_fd);
 
-    let code = supervise(config, &control, procs);
+    let code = supervise(config, &control, procs, who);
     reap_orphans();
     output::finish(printers, Duration::from_secs(2));
     Ok(code)
@@ -187,6 +231,11 @@ pub fn run_job(config: &JobConfig, program: &Program) -> Result<i32> {
 /// `mpirun` itself stops the job when a process fails. The program must be
 /// built with the `mpi` feature and join as `AnyCom` or `MpiCom`.
 pub fn run_mpi_job(config: &JobConfig, program: &Program) -> Result<i32> {
+    run_mpi_job_as(config, program, &Launcher::menps())
+}
+
+/// [`run_mpi_job`] by `who`.
+fn run_mpi_job_as(config: &JobConfig, program: &Program, who: &Launcher) -> Result<i32> {
     let mpirun = std::env::var(env::MPIRUN)
         .ok()
         .filter(|v| !v.trim().is_empty())
@@ -216,7 +265,8 @@ pub fn run_mpi_job(config: &JobConfig, program: &Program) -> Result<i32> {
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             eprintln!(
-                "menps: the job exceeded its time limit of {:.1} s ({}); killing mpirun",
+                "{}: the job exceeded its time limit of {:.1} s ({}); killing mpirun",
+                who.name,
                 config.timeout.unwrap_or_default().as_secs_f64(),
                 env::TIMEOUT_SECS
             );
@@ -240,7 +290,7 @@ pub fn run_mpi_job(config: &JobConfig, program: &Program) -> Result<i32> {
 }
 
 /// Watches the processes until all have ended; returns the exit code.
-fn supervise(config: &JobConfig, control: &Control, mut procs: Vec<Proc>) -> i32 {
+fn supervise(config: &JobConfig, control: &Control, mut procs: Vec<Proc>, who: &Launcher) -> i32 {
     let start = Instant::now();
     let deadline = config.timeout.map(|t| start + t);
     let mut first_failure: Option<i32> = None;
@@ -283,13 +333,30 @@ fn supervise(config: &JobConfig, control: &Control, mut procs: Vec<Proc>) -> i32
                 }
                 first_failure = Some(exit_code(status));
                 failed_at = Some(Instant::now());
-                eprintln!(
-                    "menps: rank {} (pid {}) {}; stopping the job (the other processes get \
-                     Error::PeerDied)",
-                    p.rank,
-                    p.child.id(),
-                    describe(status)
-                );
+                if !who.self_launched {
+                    eprintln!(
+                        "menps: rank {} (pid {}) {}; stopping the job (the other processes get \
+                         Error::PeerDied)",
+                        p.rank,
+                        p.child.id(),
+                        describe(status)
+                    );
+                } else if control
+                    .slot(p.rank)
+                    .reported
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                    == 0
+                {
+                    // The process did not say why it failed (a panic, a
+                    // crash, an exit without a report): say which one it was.
+                    super::output::write_line(&format!(
+                        "{}: rank {} (pid {}) {}",
+                        who.name,
+                        p.rank,
+                        p.child.id(),
+                        describe(status)
+                    ));
+                }
             }
         }
         if procs.is_empty() {
@@ -301,7 +368,8 @@ fn supervise(config: &JobConfig, control: &Control, mut procs: Vec<Proc>) -> i32
                 && now >= t + config.grace
             {
                 eprintln!(
-                    "menps: killing the {} remaining process(es) after a grace period of {} ms",
+                    "{}: killing the {} remaining process(es) after a grace period of {} ms",
+                    who.name,
                     procs.len(),
                     config.grace.as_millis()
                 );
@@ -311,8 +379,9 @@ fn supervise(config: &JobConfig, control: &Control, mut procs: Vec<Proc>) -> i32
                 && now >= d
             {
                 eprintln!(
-                    "menps: the job exceeded its time limit of {:.1} s ({}); killing its {} \
+                    "{}: the job exceeded its time limit of {:.1} s ({}); killing its {} \
                      remaining process(es) of {n}",
+                    who.name,
                     config.timeout.unwrap_or_default().as_secs_f64(),
                     env::TIMEOUT_SECS,
                     procs.len()
@@ -348,7 +417,7 @@ fn supervise(config: &JobConfig, control: &Control, mut procs: Vec<Proc>) -> i32
             ),
         }
     }
-    warn_unjoined(control, n);
+    warn_unjoined(control, n, who);
     if timed_out {
         124
     } else {
@@ -358,7 +427,7 @@ fn supervise(config: &JobConfig, control: &Control, mut procs: Vec<Proc>) -> i32
 
 /// Says so if processes ended without ever joining the job: the program
 /// does not start a DSM or communicator (it ran as independent copies).
-fn warn_unjoined(control: &Control, n: usize) {
+fn warn_unjoined(control: &Control, n: usize, who: &Launcher) {
     let never: Vec<usize> = (0..n)
         .filter(|&r| {
             control
@@ -370,11 +439,15 @@ fn warn_unjoined(control: &Control, n: usize) {
         .collect();
     if never.len() == n {
         eprintln!(
-            "menps: no process joined the job: the program ran {n} times as independent copies \
-             (a menps program joins with menps_dsm::launch::init or init_or_relaunch)"
+            "{}: no process joined the job: the program ran {n} times as independent copies \
+             (a menps program joins with menps_dsm::launch::init or init_or_relaunch)",
+            who.name
         );
     } else if !never.is_empty() {
-        eprintln!("menps: rank(s) {never:?} ended without joining the job");
+        eprintln!(
+            "{}: rank(s) {never:?} ended without joining the job",
+            who.name
+        );
     }
 }
 

@@ -20,11 +20,15 @@
 //!
 //! What the calls return is chosen by the caller's type ([`JoinJob`]):
 //!
-//! ```no_run
+//! ```
+//! # // SAFETY: the first statement of a single-threaded program; a hung job
+//! # // is killed after 120 s (this is a test).
+//! # unsafe { std::env::set_var("MENPS_TIMEOUT_SECS", "120") };
 //! use menps_dsm::com::AnyCom;
 //! use ct_worker::OsThreads;
 //! // Runs on shm from `cargo run`, on MPI under `mpirun` (feature `mpi`):
 //! let com: AnyCom<OsThreads> = menps_dsm::launch::init_or_relaunch(4)?;
+//! # assert!(menps_dsm::com::Comm::rank(&com) < menps_dsm::com::Comm::size(&com));
 //! # Ok::<(), menps_dsm::Error>(())
 //! ```
 //!
@@ -49,6 +53,12 @@
 //! while others still wait for it makes their calls return
 //! [`Error::PeerExited`]. Windows and the control memory are `memfd`s without
 //! names, so nothing is left behind however the job ends.
+//!
+//! A process reports its failure with [`report_failure`]: one line per
+//! failure, from the process that failed (see there). The `menps` binary
+//! names every failed process (`menps: rank N (pid P) exited with status
+//! S; …`); a program that started its own job names, under its own name,
+//! only a process that ended without reporting (a panic, a crash).
 //!
 //! Under `mpirun`, MPI's rules apply instead: a process that crashes, is
 //! killed or exits without finalising makes `mpirun` abort the whole job
@@ -94,7 +104,7 @@
 //! user can change any program's job from the shell.
 
 mod job;
-mod output;
+pub(crate) mod output;
 
 use std::ffi::OsString;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -436,7 +446,8 @@ impl Builder {
             return C::join_job();
         }
         let config = self.config()?;
-        let code = run_job(&config, &Program::current())?;
+        let program = Program::current();
+        let code = job::run_job_as(&config, &program, &job::Launcher::program(&program))?;
         std::process::exit(code)
     }
 }
@@ -445,9 +456,13 @@ impl Builder {
 /// `MENPS_NPROCS` overrides) and default settings. The caller's type picks
 /// the communicator (see [`JoinJob`]):
 ///
-/// ```no_run
+/// ```
+/// # // SAFETY: the first statement of a single-threaded program; a hung job
+/// # // is killed after 120 s (this is a test).
+/// # unsafe { std::env::set_var("MENPS_TIMEOUT_SECS", "120") };
 /// let com: menps_dsm::com::AnyCom<ct_worker::OsThreads> =
 ///     menps_dsm::launch::init_or_relaunch(4)?;
+/// assert!(menps_dsm::launch::in_job());
 /// # Ok::<(), menps_dsm::Error>(())
 /// ```
 pub fn init_or_relaunch<C: JoinJob>(nprocs: usize) -> Result<C> {
@@ -625,12 +640,94 @@ fn join_shm<U: UltItf>() -> Result<ShmCom<U>> {
             peers.iter().flatten().count()
         )));
     }
+    // A second mapping of the control memory, kept for the life of the
+    // process: failures are reported ([`report_failure`]) after the
+    // communicator (and its mapping) may be gone.
+    if let Ok(c) = Control::attach_slots(std::os::fd::AsFd::as_fd(&control_fd), size) {
+        let _ = JOB_CONTROL.set((rank, c));
+    }
     let com = ShmCom::from_parts(rank, size, control, peers);
     restore_aslr_for_children();
     if let Some(deadline) = parse_env::<u64>(env::JOB_DEADLINE_NS)? {
         enforce_deadline(rank, deadline);
     }
     Ok(com)
+}
+
+/// This process's rank and its own mapping of its shm job's control memory.
+static JOB_CONTROL: std::sync::OnceLock<(usize, Control)> = std::sync::OnceLock::new();
+
+/// This process's rank in its job, if it is in one: `MENPS_RANK` (a menps
+/// launcher's job), else the rank `mpirun` gives it.
+fn job_rank() -> Option<usize> {
+    [env::RANK, "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+}
+
+/// Whether `err` (or an error it wraps) only says that another process of
+/// the job died first: that process's failure is the one to report.
+fn is_peer_death(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut e = Some(err);
+    while let Some(cur) = e {
+        if let Some(c) = cur.downcast_ref::<Error>() {
+            return c.is_peer_death();
+        }
+        if let Some(d) = cur.downcast_ref::<crate::dsm::DsmError>() {
+            return d.is_peer_death();
+        }
+        e = cur.source();
+    }
+    false
+}
+
+/// Reports that this process failed with `err`, as one line on stderr:
+/// `{program}: rank {rank}: {err}` (`{program}: {err}` outside a job).
+/// Returns whether the line was written.
+///
+/// A program whose processes may fail should report with this rather than
+/// `eprintln!`, so that a failing job prints one clear report per failure:
+///
+/// - the line is written at once (one `write(2)`), so that the reports of
+///   processes failing at the same time never interleave;
+/// - an error that only says another process died first
+///   ([`Error::PeerDied`], also inside a
+///   [`DsmError`](crate::dsm::DsmError)) is not reported: the process
+///   that died reports its own cause;
+/// - in a job of the menps launcher (shm backend), a failure whose text
+///   another process already reported — one every process hits alike, such
+///   as a bad setting — is reported once;
+/// - a program that started its own job ([`init_or_relaunch`]) then adds
+///   nothing when the process ends; without a report (a panic, a crash)
+///   it names the process and how it ended.
+///
+/// ```
+/// use menps_dsm::dsm::DsmError;
+/// // Outside a job: the error, named by the program.
+/// let e = DsmError::Config("MENPS_DSM_LEASE=x is not a number".into());
+/// assert!(menps_dsm::launch::report_failure("example", &e));
+/// ```
+pub fn report_failure(program: &str, err: &(dyn std::error::Error + 'static)) -> bool {
+    let rank = job_rank();
+    if rank.is_some() && is_peer_death(err) {
+        return false;
+    }
+    let text = err.to_string();
+    if let Some((r, control)) = JOB_CONTROL.get() {
+        // A fingerprint of the text (not the rank): the same failure on
+        // every process is one report.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&(program, &text), &mut h);
+        let fp = std::hash::Hasher::finish(&h) | 1;
+        if !control.claim_report(*r, fp) {
+            return false;
+        }
+    }
+    output::write_line(&match rank {
+        Some(r) => format!("{program}: rank {r}: {text}"),
+        None => format!("{program}: {text}"),
+    });
+    true
 }
 
 /// Ends this process with status 124 at `deadline` (`CLOCK_MONOTONIC`

@@ -60,3 +60,27 @@ pub(super) fn finish(printers: Vec<Printer>, limit: Duration) {
     }
     let _ = std::io::stdout().flush();
 }
+
+/// Writes `msg` and a newline to stderr in one `write(2)` (retried only
+/// for what a signal or a full pipe left unwritten), so that the lines of
+/// several processes sharing the terminal or pipe never mix: `eprintln!`
+/// writes its pieces one by one, and two processes failing at once
+/// interleave them. Safe to call anywhere (it allocates once, takes no lock).
+pub(crate) fn write_line(msg: &str) {
+    let mut line = String::with_capacity(msg.len() + 1);
+    line.push_str(msg);
+    line.push('\n');
+    let mut rest = line.as_bytes();
+    while !rest.is_empty() {
+        // SAFETY: write(2) of a valid buffer to stderr.
+        let n = unsafe { libc::write(2, rest.as_ptr().cast(), rest.len()) };
+        if n > 0 {
+            rest = &rest[n as usize..];
+        } else if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+        {
+            continue;
+        } else {
+            break;
+        }
+    }
+}

@@ -124,7 +124,7 @@ pub fn example_main(
         match menps_omp::Builder::new().processes(procs).run(job_main) {
             Ok(v) => v,
             Err(e) => {
-                eprintln!("{name}: {e}");
+                menps_dsm::launch::report_failure(name, &e);
                 false
             }
         }

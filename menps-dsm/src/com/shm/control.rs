@@ -30,7 +30,7 @@ use crate::com::{Error, MAX_MESSAGE_BYTES, Result};
 use crate::sys::{self, Mapping, round_up};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MENPSCT1");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// Largest supported process count.
 pub const MAX_PROCS: usize = 256;
@@ -63,6 +63,9 @@ struct Header {
     total_bytes: AtomicU64,
     /// Processes that have ended so far (numbers their `ended_seq`).
     ended: AtomicU32,
+    /// Fingerprint of the first failure a process reported
+    /// ([`Control::claim_report`]); 0: none yet.
+    reported: AtomicU64,
     failed: Line<AtomicU64>,
 }
 
@@ -81,6 +84,10 @@ pub(crate) struct RankSlot {
     pub ended_seq: AtomicU32,
     /// 1 once the process has joined the job (its communicator exists).
     pub joined: AtomicU32,
+    /// 1 once the process has reported its own failure
+    /// ([`Control::claim_report`]): a launcher the program started itself
+    /// then adds nothing when it ends.
+    pub reported: AtomicU32,
 }
 
 /// Head (written by the sender) and tail (written by the receiver) of a p2p
@@ -210,6 +217,18 @@ impl Control {
 
     /// Maps the control memory of the job this process belongs to.
     pub fn attach(fd: BorrowedFd<'_>, nprocs: usize) -> Result<Control> {
+        Self::attach_prefix(fd, nprocs, false)
+    }
+
+    /// Maps the header and the rank slots of the control memory of the job
+    /// this process belongs to (not the rings and scratch areas): for
+    /// [`Control::claim_report`] and [`Control::slot`] only.
+    pub fn attach_slots(fd: BorrowedFd<'_>, nprocs: usize) -> Result<Control> {
+        Self::attach_prefix(fd, nprocs, true)
+    }
+
+    /// [`Control::attach`], or [`Control::attach_slots`] if `slots_only`.
+    fn attach_prefix(fd: BorrowedFd<'_>, nprocs: usize, slots_only: bool) -> Result<Control> {
         let len = sys::file_size(fd)?;
         let bad = |what: &str| {
             Error::BadConfig(format!(
@@ -241,6 +260,12 @@ impl Control {
         if layout.total != len || h.total_bytes.load(Ordering::Relaxed) as usize != len {
             return Err(bad("size does not match its header"));
         }
+        let map = if slots_only {
+            // Header, rank slots and barrier words: the first pages.
+            Mapping::shared(fd, layout.rings_off)?
+        } else {
+            map
+        };
         Ok(Control { map, layout })
     }
 
@@ -334,6 +359,23 @@ impl Control {
             let s = self.slot(r);
             s.doorbell.fetch_add(1, Ordering::SeqCst);
             sys::futex_wake_all(&s.doorbell);
+        }
+    }
+
+    /// Process `r` is about to report a failure whose text has fingerprint
+    /// `fp` (non-zero): records that it reported, and returns whether the
+    /// report should be written — `false` if another process of the job
+    /// already reported the same text (a failure every process hits alike
+    /// is reported once).
+    pub fn claim_report(&self, r: usize, fp: u64) -> bool {
+        self.slot(r).reported.store(1, Ordering::SeqCst);
+        match self
+            .header()
+            .reported
+            .compare_exchange(0, fp, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => true,
+            Err(first) => first != fp,
         }
     }
 

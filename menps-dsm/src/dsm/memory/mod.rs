@@ -32,7 +32,10 @@
 //! is DSM memory like any segment. After [`Dsm::finalize`] it is ordinary
 //! private memory again, holding this process's last copy.
 //!
-//! ```no_run
+//! ```
+//! # // SAFETY: the first statement of a single-threaded program; a hung job
+//! # // is killed after 120 s (this is a test).
+//! # unsafe { std::env::set_var("MENPS_TIMEOUT_SECS", "120") };
 //! use menps_dsm::dsm::Dsm;
 //! use menps_dsm::com::ShmCom;
 //! use ct_worker::OsThreads;

@@ -2,7 +2,10 @@
 //! whose call stacks live in the DSM ([`Team`]), and the team barrier
 //! ([`TeamBarrier`]).
 //!
-//! ```no_run
+//! ```
+//! # // SAFETY: the first statement of a single-threaded program; a hung job
+//! # // is killed after 120 s (this is a test).
+//! # unsafe { std::env::set_var("MENPS_TIMEOUT_SECS", "120") };
 //! use ct_worker::OsThreads;
 //! use menps_dsm::com::ShmCom;
 //! use menps_dsm::dsm::Dsm;
@@ -50,9 +53,7 @@ use crate::dsm::space::Space;
 /// Writes `msg` and a newline to stderr in one `write` (a line other
 /// processes' output cannot split; called before the process ends).
 pub(crate) fn report_line(msg: &str) {
-    let line = format!("{msg}\n");
-    // SAFETY: write(2) of a valid buffer to stderr.
-    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+    crate::launch::output::write_line(msg);
 }
 
 impl<C: Communicator + 'static, U: UltItf> stacks::StackPinner for Space<C, U> {

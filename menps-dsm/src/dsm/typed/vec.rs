@@ -24,7 +24,10 @@ use super::borrows;
 ///
 /// # SPMD access without `unsafe`
 ///
-/// ```no_run
+/// ```
+/// # // SAFETY: the first statement of a single-threaded program; a hung job
+/// # // is killed after 120 s (this is a test).
+/// # unsafe { std::env::set_var("MENPS_TIMEOUT_SECS", "120") };
 /// # use menps_dsm::dsm::{Dsm, DsmVec, DsmResult};
 /// # fn f(dsm: &Dsm<menps_dsm::com::AnyCom<ct_worker::OsThreads>>) -> DsmResult<()> {
 /// let v: DsmVec<'_, u64, _, _> = DsmVec::new_collective(dsm, 1_000_000)?;
@@ -41,6 +44,11 @@ use super::borrows;
 /// assert!(all.iter().enumerate().all(|(i, &x)| x == i as u64 * 2));
 /// # Ok(())
 /// # }
+/// # let com: menps_dsm::com::AnyCom<ct_worker::OsThreads> =
+/// #     menps_dsm::launch::init_or_relaunch(2).unwrap();
+/// # let dsm = Dsm::new(com).unwrap();
+/// # f(&dsm).unwrap();
+/// # dsm.finalize().unwrap();
 /// ```
 ///
 /// - [`stripe_mut`](DsmVec::stripe_mut) lends the elements of a range
