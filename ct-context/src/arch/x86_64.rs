@@ -27,7 +27,7 @@
 //! with stores and loads, on an AMD EPYC of family 0x1a; the resume label
 //! starts a 32-byte fetch block because the figure moved between 1.1 and 2.0
 //! ns with where the label fell). Resuming a frame is
-//! `[restore FPU words]; mov rbx, [ctx]; mov rbp, [ctx + 8]; lea rsp, [ctx +
+//! `[FPU words]; mov rbx, [ctx]; mov rbp, [ctx + 8]; lea rsp, [ctx +
 //! 24]; jmp [ctx + 16]` with `rax` holding the transferred value, which
 //! becomes the result of the suspended side's switch. The resume reads its
 //! address just below the new `rsp`, inside the red zone, which signal
@@ -35,6 +35,27 @@
 //! switch never returns to the call site that entered it, so `ret` would be
 //! mispredicted on every switch, while the indirect-branch predictor learns
 //! regular switching patterns.
+//!
+//! The FPU policy's switch stores the suspending context's MXCSR and x87
+//! control word (`stmxcsr`, `fnstcw`) and loads the destination's only when
+//! their control bits differ from the current ones. Loading them on every
+//! switch is what made the policy slow on an Intel Xeon (KVM, AVX-512): a
+//! plain round trip took 78–91 ns there against 2.3–3.3 ns for the plain
+//! policy (figures reported on that host, not remeasured here; `ldmxcsr`
+//! and `fldcw` are serialising on many Intel cores, while `stmxcsr` and
+//! `fnstcw` are ordinary stores). On
+//! AMD Zen 3 (EPYC, family 0x19) the loads are cheap but `stmxcsr` is not:
+//! measured alone, back to back, one per 15 cycles, and it holds up
+//! younger instructions, so any switch that reads MXCSR costs about 8 ns
+//! more per round trip than a plain one there, and comparing the word it
+//! stored adds its latency (about 20 cycles) on top: the round trip went
+//! from 11.6 to 14.8 ns on Zen 3 with the comparison. Reading MXCSR is what
+//! keeping it per context requires (the thread may have changed it since it
+//! was resumed), so there is no cheaper correct switch on that processor.
+//! The comparison ignores MXCSR's exception flags, which stay with the OS
+//! thread (see [`X86_64Fpu`]): they differ between threads all the time (the
+//! precision flag is set by most floating-point arithmetic), and comparing
+//! them would load on nearly every switch.
 //!
 //! Each switch block marks itself, for unwinders, as the end of the stack
 //! (`.cfi_undefined rip` between `.cfi_remember_state` and
@@ -169,7 +190,19 @@ macro_rules! x86_64_policy {
         save: [$($save:literal),*],
         // The saved context, into rdi.
         saved_to_rdi: $saved:literal,
-        // Resumes the frame that rdx points to, with rax as the transferred value.
+        // The FPU policy's "where are the current control words" for
+        // `resume` (r8 points to them): right after `save`, with rsp
+        // unchanged (`env_saved`); in rbp, kept across an ontop function
+        // while rdi holds the saved context (`env_keep`, then `env_kept`);
+        // the saved context in rbx (`env_rbx`); read afresh, with rsp
+        // pointing above dead stack (`env_live`).
+        env_saved: [$($env_saved:literal),*],
+        env_keep: [$($env_keep:literal),*],
+        env_kept: [$($env_kept:literal),*],
+        env_rbx: [$($env_rbx:literal),*],
+        env_live: [$($env_live:literal),*],
+        // Resumes the frame that rdx points to, with rax as the transferred
+        // value (and r8 as above); rcx, rsi, rdi and r8-r11 are scratch.
         resume: [$($resume:literal),*],
         // Points rsp below the destination frame rdx, 16-byte aligned for a call.
         enter_dest: $enter:literal
@@ -200,6 +233,8 @@ macro_rules! x86_64_policy {
             unsafe fn save_context(stack: StackRegion, f: OntopFn<Self>, data: usize) -> usize {
                 // SAFETY: forwarded contract. rbx (restored from the frame on
                 // resume) keeps the saved context across `f`, which preserves it.
+                // `f` may have run any code (a whole child thread), so the
+                // control words are read afresh.
                 unsafe {
                     switch_asm!(next: stack.top(), f: f as *const () as usize, data: data, [
                         $($save,)*
@@ -210,6 +245,7 @@ macro_rules! x86_64_policy {
                         "call rcx",
                         // `f` returned: resume the saved context with its result.
                         "mov rdx, rbx",
+                        $($env_live,)*
                         $($resume,)*
                     ])
                 }
@@ -224,6 +260,7 @@ macro_rules! x86_64_policy {
                         None => switch_asm!(next: next, f: 0usize, data: data, [
                             $($save,)*
                             "mov rax, rsi",
+                            $($env_saved,)*
                             $($resume,)*
                         ]),
                         Some(f) => switch_asm!(next: next, f: f as *const () as usize, data: data, [
@@ -232,9 +269,11 @@ macro_rules! x86_64_policy {
                             // rbx (restored from the frame on resume, preserved
                             // by `f`) keeps the destination across `f`.
                             "mov rbx, rdx",
+                            $($env_keep,)*
                             $enter,
                             "call rcx",
                             "mov rdx, rbx",
+                            $($env_kept,)*
                             $($resume,)*
                         ]),
                     }
@@ -251,13 +290,15 @@ macro_rules! x86_64_policy {
                 // SAFETY: forwarded contract; `next` is a frame made by this
                 // policy. The slot is written after the frame: once it is
                 // visible, the suspended stack is complete (and the rest of
-                // the switch touches only registers and `next`'s frame).
+                // the switch touches only registers, `next`'s frame and the
+                // dead stack below the saved frame).
                 unsafe {
                     switch_asm!(next: next, f: slot as usize, data: data, [
                         $($save,)*
                         $saved,
                         "mov [rcx], rdi",
                         "mov rax, rsi",
+                        $($env_saved,)*
                         $($resume,)*
                     ])
                 }
@@ -277,6 +318,7 @@ macro_rules! x86_64_policy {
                         "mov rbp, rdx",
                         $enter,
                         "call rcx",
+                        $($env_rbx,)*
                         "test dl, dl",
                         "jz 3f",
                         "mov rdx, rbp",
@@ -294,7 +336,8 @@ macro_rules! x86_64_policy {
             unsafe fn restore_context(next: Context<Self>, f: Option<RestoreFn>, data: usize) -> ! {
                 let f = f.map_or(0, |f| f as *const () as usize);
                 // SAFETY: forwarded contract; `next` is a frame made by this policy.
-                // Nothing is saved.
+                // Nothing is saved; everything below rsp is dead on both paths
+                // (the abandoned stack's, or below the destination frame).
                 unsafe {
                     core::arch::asm!(
                         ".cfi_remember_state",
@@ -308,6 +351,7 @@ macro_rules! x86_64_policy {
                         "call rcx",
                         "mov rdx, rbx",
                         "3:",
+                        $($env_live,)*
                         $($resume,)*
                         ".cfi_restore_state",
                         in("rdx") next.into_raw().as_ptr(),
@@ -333,6 +377,11 @@ x86_64_policy! {
         "mov [rsp - 24], rbx"
     ],
     saved_to_rdi: "lea rdi, [rsp - 24]",
+    env_saved: [],
+    env_keep: [],
+    env_kept: [],
+    env_rbx: [],
+    env_live: [],
     resume: [
         "mov rbx, [rdx]",
         "mov rbp, [rdx + 8]",
@@ -343,10 +392,23 @@ x86_64_policy! {
 }
 
 x86_64_policy! {
-    /// The native x86-64 policy that also preserves MXCSR and the x87 control
-    /// word per context (the seed's "customised register saving"), for code that
-    /// changes rounding modes or floating-point exception masks per thread.
-    /// Its frames are 32 bytes, so a context pointer is 16-byte aligned.
+    /// The native x86-64 policy that also keeps the floating-point control
+    /// settings per context — MXCSR's control bits (rounding, flush-to-zero,
+    /// denormals-are-zero, exception masks) and the x87 control word
+    /// (precision, rounding, exception masks) — for code that changes
+    /// rounding modes or exception masks per thread (the seed's "customised
+    /// register saving"). Its frames are 32 bytes, so a context pointer is
+    /// 16-byte aligned.
+    ///
+    /// A switch stores both words of the suspending context and loads the
+    /// destination's only if they differ from the current ones (the loads
+    /// are costly on some processors, the comparison is not): where every
+    /// thread keeps the same settings, a switch costs a plain one plus two
+    /// stores. The exception flags (MXCSR bits 0–5, like the x87 status
+    /// word) are not part of a context: they accumulate on the OS thread,
+    /// whichever context raised them (`fetestexcept` in a thread sees the
+    /// flags raised on its OS thread since they were last cleared there).
+    /// Ontop functions must leave the control words as they found them.
     X86_64Fpu, "x86_64-fpu", frame: 32,
     save: [
         "lea rax, [rip + 2f]",
@@ -357,13 +419,46 @@ x86_64_policy! {
         "fnstcw [rsp - 28]"
     ],
     saved_to_rdi: "lea rdi, [rsp - 32]",
+    // The words just saved are the current ones.
+    env_saved: ["lea r8, [rsp - 32]"],
+    // Ontop functions leave the words alone: the saved context's are the
+    // current ones after the function too.
+    env_keep: ["mov rbp, rdi"],
+    env_kept: ["mov r8, rbp"],
+    env_rbx: ["mov r8, rbx"],
+    env_live: [
+        "stmxcsr [rsp - 16]",
+        "fnstcw [rsp - 12]",
+        "lea r8, [rsp - 16]"
+    ],
+    // Compares the destination's control words with the current ones at
+    // [r8] (each with a load of its store's width, so that a just-stored
+    // word is forwarded) and loads them only if they differ, out of line
+    // (label 5): MXCSR's control bits with the current exception flags
+    // (composed below rsp, which is dead on every path), then the x87 word.
     resume: [
-        "ldmxcsr [rdx]",
-        "fldcw [rdx + 4]",
+        "mov ecx, [rdx]",
+        "xor ecx, [r8]",
+        "test ecx, 0xffc0",
+        "jnz 5f",
+        "movzx ecx, word ptr [rdx + 4]",
+        "cmp cx, [r8 + 4]",
+        "jne 5f",
+        "6:",
         "mov rbx, [rdx + 8]",
         "mov rbp, [rdx + 16]",
         "lea rsp, [rdx + 32]",
-        "jmp [rdx + 24]"
+        "jmp [rdx + 24]",
+        "5:",
+        "mov ecx, [rdx]",
+        "and ecx, 0xffc0",
+        "mov esi, [r8]",
+        "and esi, 0x3f",
+        "or ecx, esi",
+        "mov [rsp - 40], ecx",
+        "ldmxcsr [rsp - 40]",
+        "fldcw [rdx + 4]",
+        "jmp 6b"
     ],
     enter_dest: "mov rsp, rdx"
 }
