@@ -27,7 +27,20 @@
 //! of an `ontop-trivial` round trip are), with no switch at all. It is the
 //! floor of what an ontop function adds to a round trip: `ontop-trivial` −
 //! `plain` ≈ `call-ret` means the switch adds nothing around the call.
-//! Output: JSON lines, ns per round trip (two switches).
+//! Output: JSON lines, ns per round trip (two switches), each with the
+//! best (`min`) and the median of the runs (a min far below the median means
+//! the host disturbed some runs) and the processor's model in `params.cpu`
+//! (the costs depend on it: see the FPU policy's notes). At the end, on
+//! stderr, the goals of the crate measured against the baselines of the same
+//! run, as ratios of medians and of minimums:
+//!
+//! | line | goal |
+//! |---|---|
+//! | `x86_64` plain | ≤ 1.0 × corosensei (two switches cost no more than corosensei's two) |
+//! | `x86_64-fpu` plain, ontop-trivial | ≤ 1.5 × `x86_64` in the same mode |
+//! | `portable` plain | ≤ 3 × corosensei |
+//! | `portable` ontop | ≤ 4 × corosensei |
+//! | `ct-coroutine` | ≤ 1.3 × corosensei |
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -305,7 +318,16 @@ fn main() {
         std::process::exit(2);
     }
     let wanted = |name: &str| only.is_empty() || only.split(',').any(|o| o == name);
-    let params = |mode: &str| vec![("round_trips", n.into()), ("mode", mode.into())];
+    let cpu = ct_bench::cpu_model();
+    let params = |mode: &str| {
+        vec![
+            ("round_trips", n.into()),
+            ("mode", mode.into()),
+            ("cpu", cpu.as_str().into()),
+        ]
+    };
+    // (impl, mode, stats) of every line, for the goals at the end.
+    let mut results: Vec<(&str, &str, ct_bench::Stats)> = Vec::new();
 
     macro_rules! policy {
         ($p:ty) => {
@@ -321,6 +343,7 @@ fn main() {
                     eprintln!("{} {}...", <$p>::NAME, mode_name(mode));
                     let s = repeat(runs, || run(n));
                     emit(SUITE, BENCH, <$p>::NAME, &params(mode_name(mode)), "ns", &s);
+                    results.push((<$p>::NAME, mode_name(mode), s));
                 }
             }
         };
@@ -343,6 +366,7 @@ fn main() {
             "ns",
             &s,
         );
+        results.push(("corosensei", "resume-suspend", s));
     }
     if wanted("ct-coroutine") {
         eprintln!("ct_context::Coroutine...");
@@ -355,6 +379,7 @@ fn main() {
             "ns",
             &s,
         );
+        results.push(("ct-coroutine", "resume-suspend", s));
     }
     if wanted("call-ret") {
         eprintln!("call-ret...");
@@ -362,4 +387,51 @@ fn main() {
         emit(SUITE, BENCH, "call-ret", &params("two-calls"), "ns", &s);
     }
     ct_bench::print_summary();
+    print_goals(&results);
+}
+
+/// Prints, on stderr, each goal of the crate whose lines were measured: the
+/// ratio of the medians and of the minimums, and whether each meets it.
+fn print_goals(results: &[(&str, &str, ct_bench::Stats)]) {
+    let find = |i: &str, m: &str| {
+        results
+            .iter()
+            .find(|(ri, rm, _)| *ri == i && *rm == m)
+            .map(|r| r.2)
+    };
+    const COROSENSEI: (&str, &str) = ("corosensei", "resume-suspend");
+    /// (impl, mode) of a line.
+    type Line = (&'static str, &'static str);
+    let goals: [(Line, Line, f64); 7] = [
+        (("x86_64", "plain"), COROSENSEI, 1.0),
+        (("x86_64-fpu", "plain"), ("x86_64", "plain"), 1.5),
+        (
+            ("x86_64-fpu", "ontop-trivial"),
+            ("x86_64", "ontop-trivial"),
+            1.5,
+        ),
+        (("portable", "plain"), COROSENSEI, 3.0),
+        (("portable", "ontop"), COROSENSEI, 4.0),
+        (("ct-coroutine", "resume-suspend"), COROSENSEI, 1.3),
+        (("x86_64", "into"), COROSENSEI, 1.3),
+    ];
+    let mut lines = Vec::new();
+    for ((i, m), (bi, bm), goal) in goals {
+        let (Some(s), Some(b)) = (find(i, m), find(bi, bm)) else {
+            continue;
+        };
+        let (med, min) = (s.median / b.median, s.min / b.min);
+        let verdict = |r: f64| if r <= goal { "met" } else { "NOT met" };
+        lines.push(format!(
+            "{i} {m} / {bi} {bm}: median {med:.2}x ({}), min {min:.2}x ({}); goal <= {goal}x",
+            verdict(med),
+            verdict(min)
+        ));
+    }
+    if !lines.is_empty() {
+        eprintln!("\ngoals (ratios in this run):");
+        for l in lines {
+            eprintln!("  {l}");
+        }
+    }
 }
