@@ -133,25 +133,30 @@ impl RequestWords {
         Self([const { Cell::new(0) }; 4])
     }
 
+    /// Records `w`; its last word only for `SAVE`, the one kind that has it
+    /// (the kind is a constant where this is inlined).
     #[inline(always)]
     fn write(&self, w: Words) {
-        for (cell, w) in self.0.iter().zip([w.kind, w.a, w.b, w.c]) {
+        let n = if w.kind == SAVE { 4 } else { 3 };
+        for (cell, w) in self.0.iter().zip([w.kind, w.a, w.b, w.c]).take(n) {
             // SAFETY: a `Cell`'s pointer is valid for writes; nothing else
             // accesses the cell meanwhile (the frame's context is running).
             unsafe { ptr::write_volatile(cell.as_ptr(), w) };
         }
     }
 
+    /// The recorded words; the last one is read only for `SAVE`.
     #[inline(always)]
     fn read(&self) -> Words {
         // SAFETY: a `Cell`'s pointer is valid for reads; the frame's context
         // is suspended, so nothing writes the cells meanwhile.
         let r = |i: usize| unsafe { ptr::read_volatile(self.0[i].as_ptr()) };
+        let kind = r(0);
         Words {
-            kind: r(0),
+            kind,
             a: r(1),
             b: r(2),
-            c: r(3),
+            c: if kind == SAVE { r(3) } else { 0 },
         }
     }
 }
