@@ -170,13 +170,13 @@ fn fresh_fpu_context_starts_with_default_control_words() {
 // ---------------------------------------------------------------------------
 // Control words through every primitive, on one OS thread and migrating
 // between two. MXCSR is compared without its exception flags (bits 0-5),
-// which stay with the OS thread under `X86_64Fpu`.
+// which `X86_64Fpu` does not keep per context.
 // ---------------------------------------------------------------------------
 
 mod every_primitive {
     use super::{fpu_cw, mxcsr, set_fpu_cw, set_mxcsr};
     use ct_context::{
-        CondResult, Context, ContextPolicy, MmapStack, Stack, StackRegion, X86_64Fpu,
+        CondResult, Context, ContextPolicy, FpuLoads, MmapStack, Stack, StackRegion, X86_64Fpu,
         cond_swap_with, make_context_with, restore_with, save_with, swap_with,
     };
     use std::convert::Infallible;
@@ -417,8 +417,19 @@ mod every_primitive {
     /// Environment checks the child makes over its life.
     const CHECKS: usize = ROUNDS * 5;
 
+    /// Both ways of loading control words (switches of other tests running
+    /// meanwhile may use either: any mix is correct).
+    const LOADS: [FpuLoads; 2] = [FpuLoads::Compare, FpuLoads::Always];
+
     #[test]
     fn control_words_survive_every_primitive_on_one_thread() {
+        for loads in LOADS {
+            X86_64Fpu::set_loads(loads);
+            one_thread();
+        }
+    }
+
+    fn one_thread() {
         let saved = (mxcsr(), fpu_cw());
         let links = leak_links();
         let stack = MmapStack::new(64 * 1024).unwrap();
@@ -440,9 +451,16 @@ mod every_primitive {
 
     #[test]
     fn control_words_survive_every_primitive_across_two_threads() {
-        // Two OS threads take turns resuming the child, which therefore
-        // changes OS thread after every switch back to its home; each
-        // thread's main context has its own words.
+        for loads in LOADS {
+            X86_64Fpu::set_loads(loads);
+            two_threads();
+        }
+    }
+
+    /// Two OS threads take turns resuming the child, which therefore changes
+    /// OS thread after every switch back to its home; each thread's main
+    /// context has its own words.
+    fn two_threads() {
         let links = leak_links();
         let stack = MmapStack::new(64 * 1024).unwrap();
         let extra = MmapStack::new(64 * 1024).unwrap();

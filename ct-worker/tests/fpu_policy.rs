@@ -9,12 +9,13 @@ mod common;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::with_timeout;
+use ct_context::{FpuLoads, X86_64Fpu};
 use ct_worker::{Custom, Runtime};
 
-type C = Custom<ct_context::X86_64Fpu>;
+type C = Custom<X86_64Fpu>;
 
-/// MXCSR's control bits (its exception flags, bits 0-5, stay with the OS
-/// thread under this policy) and the x87 control word.
+/// MXCSR's control bits (its exception flags, bits 0-5, are not kept per
+/// context by this policy) and the x87 control word.
 fn env() -> (u32, u16) {
     let (mut mx, mut cw) = (0u32, 0u16);
     // SAFETY: stmxcsr and fnstcw only store the registers into the locals.
@@ -100,12 +101,21 @@ fn run(workers: usize) -> usize {
     checks.load(Ordering::Relaxed)
 }
 
+/// Runs with each way of loading control words (any mix is correct, so
+/// tests running meanwhile do not matter).
+fn run_both(workers: usize) {
+    for loads in [FpuLoads::Compare, FpuLoads::Always] {
+        X86_64Fpu::set_loads(loads);
+        assert_eq!(run(workers), 16 * 40);
+    }
+}
+
 #[test]
 fn fpu_policy_keeps_each_threads_control_words_on_one_worker() {
-    with_timeout(120, || assert_eq!(run(1), 16 * 40));
+    with_timeout(120, || run_both(1));
 }
 
 #[test]
 fn fpu_policy_keeps_each_threads_control_words_on_two_workers() {
-    with_timeout(120, || assert_eq!(run(2), 16 * 40));
+    with_timeout(120, || run_both(2));
 }

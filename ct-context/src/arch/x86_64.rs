@@ -37,25 +37,33 @@
 //! regular switching patterns.
 //!
 //! The FPU policy's switch stores the suspending context's MXCSR and x87
-//! control word (`stmxcsr`, `fnstcw`) and loads the destination's only when
-//! their control bits differ from the current ones. Loading them on every
-//! switch is what made the policy slow on an Intel Xeon (KVM, AVX-512): a
-//! plain round trip took 78–91 ns there against 2.3–3.3 ns for the plain
-//! policy (figures reported on that host, not remeasured here; `ldmxcsr`
-//! and `fldcw` are serialising on many Intel cores, while `stmxcsr` and
-//! `fnstcw` are ordinary stores). On
-//! AMD Zen 3 (EPYC, family 0x19) the loads are cheap but `stmxcsr` is not:
-//! measured alone, back to back, one per 15 cycles, and it holds up
-//! younger instructions, so any switch that reads MXCSR costs about 8 ns
-//! more per round trip than a plain one there, and comparing the word it
-//! stored adds its latency (about 20 cycles) on top: the round trip went
-//! from 11.6 to 14.8 ns on Zen 3 with the comparison. Reading MXCSR is what
-//! keeping it per context requires (the thread may have changed it since it
-//! was resumed), so there is no cheaper correct switch on that processor.
-//! The comparison ignores MXCSR's exception flags, which stay with the OS
-//! thread (see [`X86_64Fpu`]): they differ between threads all the time (the
-//! precision flag is set by most floating-point arithmetic), and comparing
-//! them would load on nearly every switch.
+//! control word (`stmxcsr`, `fnstcw`) and then loads the destination's, in
+//! one of two ways chosen once per process by the processor's vendor:
+//!
+//! - *compare* (Intel and others): load only when the destination's control
+//!   bits differ from the current ones. Loading on every switch is what made
+//!   the policy slow on an Intel Xeon (KVM, AVX-512): a plain round trip took
+//!   78–91 ns there against 2.3–3.3 ns for the plain policy (figures
+//!   reported on that host, not remeasured here). `ldmxcsr` and `fldcw` are
+//!   serialising there, while `stmxcsr` and `fnstcw` are ordinary stores,
+//!   so where every thread keeps the same settings a switch costs a plain
+//!   one plus two stores and a comparison.
+//! - *load always* (AMD, Hygon): on AMD Zen 3 (EPYC, family 0x19) the loads
+//!   are cheap but `stmxcsr` is not: back to back it issues once per ~15
+//!   cycles and it holds up younger instructions, so a switch that reads
+//!   MXCSR costs about 8 ns more per round trip than a plain one there (a
+//!   version that only stored the words and never loaded them took 10.5 ns
+//!   against 3 ns plain). Comparing the stored word makes every switch wait
+//!   for `stmxcsr`'s result (about 20 cycles) as well: measured by thread
+//!   CPU time over all five modes, 12 ns a round trip loading always and
+//!   15 ns comparing. Reading MXCSR is what keeping it per context requires
+//!   (the thread may have changed it since it was resumed), so there is no
+//!   cheaper correct switch on that processor.
+//!
+//! The comparison ignores MXCSR's exception flags: they differ between
+//! threads all the time (the precision flag is set by most floating-point
+//! arithmetic), and comparing them would load on nearly every switch. So
+//! the flags are not kept per context (see [`X86_64Fpu`]).
 //!
 //! Each switch block marks itself, for unwinders, as the end of the stack
 //! (`.cfi_undefined rip` between `.cfi_remember_state` and
@@ -70,8 +78,10 @@
 //! function, and nothing else: in the `ctx-switch` bench a round trip of two
 //! switches with a trivial function exceeds a plain round trip by about what
 //! two dependent calls of the same function cost without any switch (1.6 vs
-//! 1.8 ns, the bench's `call-ret` line). A plain round trip is cheaper than
-//! one such call and return, so the ratio of the two is above 2.
+//! 1.8 ns, the bench's `call-ret` line, on the family 0x1a EPYC above; on an
+//! EPYC of family 0x19 (Zen 3) 1.7–2.6 vs 3.2 ns, less than the calls alone).
+//! A plain round trip costs about one such call and return (less on the
+//! family 0x1a EPYC), so the ratio of the two is about 2 or above.
 //!
 //! An ontop function is called on the destination's stack directly below its
 //! frame (16-byte aligned for the call): everything below a suspended frame is
@@ -81,6 +91,7 @@
 
 use core::arch::naked_asm;
 use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU8, Ordering};
 
 use crate::context::{CondOntopFn, Context, EntryFn, OntopFn, RestoreFn};
 use crate::policy::ContextPolicy;
@@ -89,6 +100,85 @@ use crate::stack::StackRegion;
 /// Default MXCSR (all exceptions masked, round to nearest) and x87 control word
 /// (all exceptions masked, 64-bit precision, round to nearest), as at process start.
 const DEFAULT_FPU_WORD: u64 = 0x1f80 | (0x037f << 32);
+
+/// How [`X86_64Fpu`] switches load the destination's control words:
+/// [`FPU_UNKNOWN`] until the first FPU context is made, then
+/// [`FPU_COMPARE`] or [`FPU_LOAD_ALWAYS`] for this processor (see the module
+/// documentation). Read by every switch of that policy; both strategies are
+/// correct, so a switch that still sees it unknown (compares) is too.
+static FPU_STRATEGY: AtomicU8 = AtomicU8::new(FPU_UNKNOWN);
+const FPU_UNKNOWN: u8 = 0;
+/// Load only the words whose control bits differ from the current ones.
+const FPU_COMPARE: u8 = 1;
+/// Load both words on every switch, without reading the current ones.
+const FPU_LOAD_ALWAYS: u8 = 2;
+
+/// How [`X86_64Fpu`] switches load the destination context's floating-point
+/// control words. Both ways are correct; which is cheaper depends on the
+/// processor (see [`X86_64Fpu`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FpuLoads {
+    /// Load them only where their control bits differ from the current
+    /// ones: cheaper where loading is expensive (Intel).
+    Compare,
+    /// Load them on every switch: cheaper where waiting for the stored
+    /// words to compare them is expensive (AMD).
+    Always,
+}
+
+impl X86_64Fpu {
+    /// How this process's switches load control words: as set by
+    /// [`X86_64Fpu::set_loads`], otherwise as picked for the processor
+    /// ([`FpuLoads::Always`] on AMD and Hygon, [`FpuLoads::Compare`]
+    /// elsewhere).
+    pub fn loads() -> FpuLoads {
+        init_fpu_strategy();
+        match FPU_STRATEGY.load(Ordering::Relaxed) {
+            FPU_LOAD_ALWAYS => FpuLoads::Always,
+            _ => FpuLoads::Compare,
+        }
+    }
+
+    /// Sets how this process's switches load control words, from the next
+    /// switch on (for benchmarks, and processors the default does not suit).
+    /// Any mix of the two is correct, so this may be called at any time.
+    pub fn set_loads(loads: FpuLoads) {
+        let v = match loads {
+            FpuLoads::Compare => FPU_COMPARE,
+            FpuLoads::Always => FPU_LOAD_ALWAYS,
+        };
+        FPU_STRATEGY.store(v, Ordering::Relaxed);
+    }
+}
+
+/// Picks the FPU strategy of this processor, once: loading always on AMD
+/// (and Hygon) processors, where `ldmxcsr` and `fldcw` are cheap and waiting
+/// for `stmxcsr`'s result is not; comparing first elsewhere (Intel), where
+/// the loads are the expensive part.
+#[inline]
+fn init_fpu_strategy() {
+    if FPU_STRATEGY.load(Ordering::Relaxed) != FPU_UNKNOWN {
+        return;
+    }
+    // A racing `set_loads` wins: only an unknown strategy is replaced.
+    #[allow(unused_unsafe)]
+    // SAFETY: cpuid leaf 0 exists on every x86-64 processor.
+    let id = unsafe { core::arch::x86_64::__cpuid(0) };
+    let vendor = [id.ebx, id.edx, id.ecx];
+    let is = |name: &[u8; 12]| {
+        vendor
+            .iter()
+            .flat_map(|r| r.to_le_bytes())
+            .eq(name.iter().copied())
+    };
+    let strategy = if is(b"AuthenticAMD") || is(b"HygonGenuine") {
+        FPU_LOAD_ALWAYS
+    } else {
+        FPU_COMPARE
+    };
+    let _ =
+        FPU_STRATEGY.compare_exchange(FPU_UNKNOWN, strategy, Ordering::Relaxed, Ordering::Relaxed);
+}
 
 /// First code a fresh context runs, "returned into" from the frame built by
 /// `make_frame`: `rbx` holds the entry function, `rbp` its argument and `rax`
@@ -121,6 +211,9 @@ unsafe fn make_frame(stack: StackRegion, entry: EntryFn, arg: usize, fpu: bool) 
         arg as u64,                             // rbp: entry argument
         context_trampoline as *const () as u64, // return address
     ];
+    if fpu {
+        init_fpu_strategy();
+    }
     let size = if fpu { 32 } else { 24 };
     let frame = stack.top() - size;
     assert!(
@@ -159,6 +252,8 @@ macro_rules! switch_asm {
             // Unwinders stop inside the switch (see the module docs).
             ".cfi_remember_state",
             ".cfi_undefined rip",
+            // (The FPU policy's strategy, read by its resume sequences.)
+            "# {fpu_strategy}",
             $($code,)*
             ".cfi_restore_state",
             // Where the saved frame resumes, at the start of a 32-byte fetch
@@ -176,6 +271,7 @@ macro_rules! switch_asm {
             out("r14") _,
             out("r15") _,
             clobber_abi("C"),
+            fpu_strategy = sym FPU_STRATEGY,
         );
         ret
     }};
@@ -342,6 +438,7 @@ macro_rules! x86_64_policy {
                     core::arch::asm!(
                         ".cfi_remember_state",
                         ".cfi_undefined rip",
+                        "# {fpu_strategy}",
                         "mov rax, rsi",
                         "test rcx, rcx",
                         "jz 3f",
@@ -357,6 +454,7 @@ macro_rules! x86_64_policy {
                         in("rdx") next.into_raw().as_ptr(),
                         in("rcx") f,
                         in("rsi") data,
+                        fpu_strategy = sym FPU_STRATEGY,
                         options(noreturn),
                     )
                 }
@@ -401,14 +499,18 @@ x86_64_policy! {
     /// 16-byte aligned.
     ///
     /// A switch stores both words of the suspending context and loads the
-    /// destination's only if they differ from the current ones (the loads
-    /// are costly on some processors, the comparison is not): where every
-    /// thread keeps the same settings, a switch costs a plain one plus two
-    /// stores. The exception flags (MXCSR bits 0–5, like the x87 status
-    /// word) are not part of a context: they accumulate on the OS thread,
-    /// whichever context raised them (`fetestexcept` in a thread sees the
-    /// flags raised on its OS thread since they were last cleared there).
-    /// Ontop functions must leave the control words as they found them.
+    /// destination's: on Intel processors only where their control bits
+    /// differ from the current ones (the loads are expensive there, the
+    /// comparison is not), on AMD processors always (there, waiting for the
+    /// stored word to compare it costs more than loading). A fresh context
+    /// starts with the default words (round to nearest, all exceptions
+    /// masked, x87 extended precision).
+    ///
+    /// The exception flags (MXCSR bits 0–5, and the x87 status word) are not
+    /// kept per context: after a switch a context sees either the flags it
+    /// had when it was suspended or those of the OS thread it resumed on, so
+    /// test them (`fetestexcept`) only between switches. Ontop functions must
+    /// leave the control words as they found them.
     X86_64Fpu, "x86_64-fpu", frame: 32,
     save: [
         "lea rax, [rip + 2f]",
@@ -431,12 +533,13 @@ x86_64_policy! {
         "fnstcw [rsp - 12]",
         "lea r8, [rsp - 16]"
     ],
-    // Compares the destination's control words with the current ones at
-    // [r8] (each with a load of its store's width, so that a just-stored
-    // word is forwarded) and loads them only if they differ, out of line
-    // (label 5): MXCSR's control bits with the current exception flags
-    // (composed below rsp, which is dead on every path), then the x87 word.
+    // With FPU_LOAD_ALWAYS, loads the destination's words (label 5).
+    // Otherwise compares their control bits with the current words' at [r8]
+    // (each with a load of its store's width, so that a just-stored word is
+    // forwarded) and loads them, out of line, only if they differ.
     resume: [
+        "cmp byte ptr [rip + {fpu_strategy}], 2",
+        "je 5f",
         "mov ecx, [rdx]",
         "xor ecx, [r8]",
         "test ecx, 0xffc0",
@@ -450,13 +553,7 @@ x86_64_policy! {
         "lea rsp, [rdx + 32]",
         "jmp [rdx + 24]",
         "5:",
-        "mov ecx, [rdx]",
-        "and ecx, 0xffc0",
-        "mov esi, [r8]",
-        "and esi, 0x3f",
-        "or ecx, esi",
-        "mov [rsp - 40], ecx",
-        "ldmxcsr [rsp - 40]",
+        "ldmxcsr [rdx]",
         "fldcw [rdx + 4]",
         "jmp 6b"
     ],
