@@ -201,19 +201,16 @@ thread_local! {
     static CURRENT: Cell<*mut Frame> = const { Cell::new(ptr::null_mut()) };
 }
 
-// `current_frame` is never inlined: a context may suspend on one OS thread and
-// resume on another, and a thread-local address cached across the switch would
-// point into the first thread's storage.
+// Code that may run on a coroutine reads the thread-locals only in functions
+// that are never inlined into it (`enter`): a coroutine may suspend on one OS
+// thread and resume on another, and a thread-local address the compiler kept
+// across the switch would point into the first thread's storage.
+
 /// This thread's root frame. Inlined for the same reason as [`set_current`]:
 /// only the root calls it.
 #[inline(always)]
 fn root_frame() -> *mut Frame {
     ROOT.with(|r| r.get())
-}
-
-#[inline(never)]
-fn current_frame() -> *mut Frame {
-    CURRENT.with(|c| c.get())
 }
 
 /// Sets the running context. Inlined: only the driver calls it, on the root
@@ -283,10 +280,11 @@ where
 #[inline(always)]
 fn submit(req: Request) -> usize {
     let (w, data) = req.into_words();
-    let cur = current_frame();
+    // SAFETY: the words were made by `into_words`.
+    let (cur, value) = unsafe { enter(w.kind, w.a, w.b, w.c, data) };
     if cur.is_null() {
-        // SAFETY: we are on the root stack of this thread.
-        unsafe { drive_from_root(w.kind, w.a, w.b, w.c, data) }
+        // The root: the request was served.
+        value
     } else {
         // SAFETY: `cur` is the running coroutine; its yielder was recorded at
         // start and stays valid while the coroutine lives. The driver reads
@@ -298,16 +296,29 @@ fn submit(req: Request) -> usize {
     }
 }
 
-/// The root's side of [`submit`]: out of line (the root's calls and returns
-/// pair up on its own stack), with the request's words as arguments.
+/// The out-of-line part of [`submit`], one call either way: on a coroutine,
+/// returns its frame at once (the coroutine then suspends, inline); on the
+/// root, runs the driver loop with the request's words and returns a null
+/// frame and the value the root is resumed with (the root's calls and
+/// returns pair up on its own stack).
+///
+/// It reads the thread-locals inline: on a coroutine it returns before any
+/// switch, and the root never changes OS thread, so no thread-local address
+/// is kept across a switch to another thread.
 ///
 /// # Safety
 ///
-/// Must be called on the root stack of this OS thread.
+/// The words were made by [`Request::into_words`].
 #[inline(never)]
-unsafe fn drive_from_root(kind: usize, a: usize, b: usize, c: usize, data: usize) -> usize {
-    // SAFETY: forwarded contract.
-    unsafe { drive(root_frame(), Words { kind, a, b, c }, data) }
+unsafe fn enter(kind: usize, a: usize, b: usize, c: usize, data: usize) -> (*mut Frame, usize) {
+    let cur = CURRENT.with(|c| c.get());
+    if !cur.is_null() {
+        return (cur, 0);
+    }
+    // SAFETY: CURRENT is null only while the root runs: we are on the root
+    // stack of this thread.
+    let v = unsafe { drive(root_frame(), Words { kind, a, b, c }, data) };
+    (ptr::null_mut(), v)
 }
 
 /// The driver loop, running on the root stack of this OS thread: the root
