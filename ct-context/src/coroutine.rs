@@ -250,10 +250,9 @@ impl<I, Y, R, S: Stack, P: ContextPolicy> Coroutine<I, Y, R, S, P> {
     /// escaped the coroutine's function (the coroutine is then done).
     #[inline]
     pub fn resume(&mut self, input: I) -> CoroutineResult<Y, R> {
-        assert!(
-            !self.done(),
-            "resumed a coroutine that has already finished"
-        );
+        if self.state != State::Suspended {
+            self.first_resume();
+        }
         match self.switch_in(ToCoro::Resume(input)) {
             Outcome::Yield(y) => CoroutineResult::Yield(y),
             Outcome::Finish(Finish::Return(r)) => CoroutineResult::Return(r),
@@ -280,13 +279,24 @@ impl<I, Y, R, S: Stack, P: ContextPolicy> Coroutine<I, Y, R, S, P> {
         }
     }
 
-    #[inline]
-    fn switch_in(&mut self, msg: ToCoro<I>) -> Outcome<Y, R> {
+    /// What `resume` checks unless the coroutine is suspended: that it is
+    /// not done, and before its first run, the alternate signal stack.
+    #[cold]
+    #[inline(never)]
+    fn first_resume(&self) {
+        assert!(
+            !self.done(),
+            "resumed a coroutine that has already finished"
+        );
         if self.state == State::NotStarted {
             // A coroutine never changes OS thread (it is not `Send`), so one
             // check covers its whole life.
             trap::ensure_alt_stack();
         }
+    }
+
+    #[inline]
+    fn switch_in(&mut self, msg: ToCoro<I>) -> Outcome<Y, R> {
         let header = self.header;
         // SAFETY: the coroutine is suspended (not done: checked by the
         // callers), so its context is in the header, and resumed only here.
@@ -320,6 +330,7 @@ impl<I, Y, R, S: Stack, P: ContextPolicy> Coroutine<I, Y, R, S, P> {
         if matches!(self.state, State::Done | State::Leaked) {
             return;
         }
+        self.first_resume();
         match self.switch_in(ToCoro::Cancel) {
             Outcome::Yield(y) => {
                 drop(y);
