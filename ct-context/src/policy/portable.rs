@@ -40,10 +40,11 @@ use crate::stack::StackRegion;
 /// The portable policy: correct on every architecture `corosensei` supports.
 /// A switch between coroutine contexts costs two corosensei switches plus
 /// some bookkeeping: on an AMD EPYC of family 0x19 (Zen 3), a round trip
-/// between the root and a coroutine took about 4 times corosensei's own
-/// resume and suspend, plain or ontop (medians of 7, `ctx_switch`; 55–60 ns,
-/// 17–20 times, before the switching code was inlined into coroutines). See
-/// the module documentation.
+/// between the root and a coroutine took 3.4–4.1 times corosensei's own
+/// resume and suspend plain and 3.8–4.4 times ontop (medians of 7,
+/// `ctx_switch`, four runs on a busy host; 55–60 ns, 17–20 times, before the
+/// switching code was inlined into coroutines). See the module
+/// documentation.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Portable;
 
