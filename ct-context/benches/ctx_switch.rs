@@ -27,7 +27,20 @@
 //! of an `ontop-trivial` round trip are), with no switch at all. It is the
 //! floor of what an ontop function adds to a round trip: `ontop-trivial` −
 //! `plain` ≈ `call-ret` means the switch adds nothing around the call.
-//! Output: JSON lines, ns per round trip (two switches).
+//! Output: JSON lines, ns per round trip (two switches), each with the
+//! best (`min`) and the median of the runs (a min far below the median means
+//! the host disturbed some runs) and the processor's model in `params.cpu`
+//! (the costs depend on it: see the FPU policy's notes). At the end, on
+//! stderr, the goals of the crate measured against the baselines of the same
+//! run, as ratios of medians and of minimums:
+//!
+//! | line | goal |
+//! |---|---|
+//! | `x86_64` plain | ≤ 1.0 × corosensei (two switches cost no more than corosensei's two) |
+//! | `x86_64-fpu` plain, ontop-trivial | ≤ 1.5 × `x86_64` in the same mode, loading control words the way picked for the processor (`params.loads`; the other way is measured too) |
+//! | `portable` plain | ≤ 3 × corosensei |
+//! | `portable` ontop | ≤ 4 × corosensei |
+//! | `ct-coroutine` | ≤ 1.3 × corosensei |
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -278,7 +291,9 @@ fn main() {
              Prints one JSON line per policy and mode (plain, ontop-trivial, ontop,\n\
              ontop-store, into), plus corosensei's resume+suspend, ct_context::Coroutine\n\
              and two calls of a trivial function (call-ret),\n\
-             in ns per round trip (two switches)."
+             in ns per round trip (two switches): best (min) and median of the runs,\n\
+             with the processor model in params.cpu. Then, on stderr, the crate's\n\
+             goals as ratios to the baselines of the same run."
         );
         return;
     }
@@ -305,10 +320,23 @@ fn main() {
         std::process::exit(2);
     }
     let wanted = |name: &str| only.is_empty() || only.split(',').any(|o| o == name);
-    let params = |mode: &str| vec![("round_trips", n.into()), ("mode", mode.into())];
+    let cpu = ct_bench::cpu_model();
+    let params = |mode: &str| {
+        vec![
+            ("round_trips", n.into()),
+            ("mode", mode.into()),
+            ("cpu", cpu.as_str().into()),
+        ]
+    };
+    // (impl, mode, stats) of every line, for the goals at the end.
+    let mut results: Vec<(&str, &str, ct_bench::Stats)> = Vec::new();
 
     macro_rules! policy {
         ($p:ty) => {
+            policy!($p, <$p>::NAME, [])
+        };
+        // `label` names the line in the goals; `extra` are more params.
+        ($p:ty, $label:expr, [$($extra:expr),*]) => {
             if wanted(<$p>::NAME) {
                 let modes: [(u8, fn(usize) -> f64); 5] = [
                     (PLAIN, run_policy::<$p, PLAIN>),
@@ -320,7 +348,10 @@ fn main() {
                 for (mode, run) in modes {
                     eprintln!("{} {}...", <$p>::NAME, mode_name(mode));
                     let s = repeat(runs, || run(n));
-                    emit(SUITE, BENCH, <$p>::NAME, &params(mode_name(mode)), "ns", &s);
+                    let mut p = params(mode_name(mode));
+                    p.extend([$($extra),*]);
+                    emit(SUITE, BENCH, <$p>::NAME, &p, "ns", &s);
+                    results.push(($label, mode_name(mode), s));
                 }
             }
         };
@@ -328,7 +359,27 @@ fn main() {
     #[cfg(target_arch = "x86_64")]
     {
         policy!(ct_context::X86_64);
-        policy!(ct_context::X86_64Fpu);
+        // The FPU policy both ways of loading control words, the one picked
+        // for this processor first (the goals' line); the other's lines are
+        // named with it.
+        use ct_context::{FpuLoads, X86_64Fpu};
+        let picked = X86_64Fpu::loads();
+        let name = |l: FpuLoads| match l {
+            FpuLoads::Compare => "compare",
+            FpuLoads::Always => "always",
+        };
+        let other = match picked {
+            FpuLoads::Compare => FpuLoads::Always,
+            FpuLoads::Always => FpuLoads::Compare,
+        };
+        policy!(X86_64Fpu, "x86_64-fpu", [("loads", name(picked).into())]);
+        X86_64Fpu::set_loads(other);
+        let label = match other {
+            FpuLoads::Compare => "x86_64-fpu loads=compare",
+            FpuLoads::Always => "x86_64-fpu loads=always",
+        };
+        policy!(X86_64Fpu, label, [("loads", name(other).into())]);
+        X86_64Fpu::set_loads(picked);
     }
     policy!(Portable);
 
@@ -343,6 +394,7 @@ fn main() {
             "ns",
             &s,
         );
+        results.push(("corosensei", "resume-suspend", s));
     }
     if wanted("ct-coroutine") {
         eprintln!("ct_context::Coroutine...");
@@ -355,6 +407,7 @@ fn main() {
             "ns",
             &s,
         );
+        results.push(("ct-coroutine", "resume-suspend", s));
     }
     if wanted("call-ret") {
         eprintln!("call-ret...");
@@ -362,4 +415,72 @@ fn main() {
         emit(SUITE, BENCH, "call-ret", &params("two-calls"), "ns", &s);
     }
     ct_bench::print_summary();
+    print_goals(&results);
+}
+
+/// Prints, on stderr, each goal of the crate whose lines were measured: the
+/// ratio of the medians and of the minimums, and whether each meets it.
+fn print_goals(results: &[(&str, &str, ct_bench::Stats)]) {
+    let find = |i: &str, m: &str| {
+        results
+            .iter()
+            .find(|(ri, rm, _)| *ri == i && *rm == m)
+            .map(|r| r.2)
+    };
+    const COROSENSEI: (&str, &str) = ("corosensei", "resume-suspend");
+    /// (impl, mode) of a line.
+    type Line = (&'static str, &'static str);
+    let goals: [(Line, Line, f64); 11] = [
+        (("x86_64", "plain"), COROSENSEI, 1.0),
+        (("x86_64-fpu", "plain"), ("x86_64", "plain"), 1.5),
+        (
+            ("x86_64-fpu", "ontop-trivial"),
+            ("x86_64", "ontop-trivial"),
+            1.5,
+        ),
+        // The way of loading not picked for this processor, for comparison.
+        (
+            ("x86_64-fpu loads=compare", "plain"),
+            ("x86_64", "plain"),
+            1.5,
+        ),
+        (
+            ("x86_64-fpu loads=compare", "ontop-trivial"),
+            ("x86_64", "ontop-trivial"),
+            1.5,
+        ),
+        (
+            ("x86_64-fpu loads=always", "plain"),
+            ("x86_64", "plain"),
+            1.5,
+        ),
+        (
+            ("x86_64-fpu loads=always", "ontop-trivial"),
+            ("x86_64", "ontop-trivial"),
+            1.5,
+        ),
+        (("portable", "plain"), COROSENSEI, 3.0),
+        (("portable", "ontop"), COROSENSEI, 4.0),
+        (("ct-coroutine", "resume-suspend"), COROSENSEI, 1.3),
+        (("x86_64", "into"), COROSENSEI, 1.3),
+    ];
+    let mut lines = Vec::new();
+    for ((i, m), (bi, bm), goal) in goals {
+        let (Some(s), Some(b)) = (find(i, m), find(bi, bm)) else {
+            continue;
+        };
+        let (med, min) = (s.median / b.median, s.min / b.min);
+        let verdict = |r: f64| if r <= goal { "met" } else { "NOT met" };
+        lines.push(format!(
+            "{i} {m} / {bi} {bm}: median {med:.2}x ({}), min {min:.2}x ({}); goal <= {goal}x",
+            verdict(med),
+            verdict(min)
+        ));
+    }
+    if !lines.is_empty() {
+        eprintln!("\ngoals (ratios in this run):");
+        for l in lines {
+            eprintln!("  {l}");
+        }
+    }
 }

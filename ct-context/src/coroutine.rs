@@ -43,8 +43,9 @@
 //! the context switch) and raised again from [`Coroutine::resume`]. Dropping a
 //! suspended coroutine unwinds its stack, so destructors of its locals run.
 
+use core::cell::Cell;
 use core::marker::PhantomData;
-use core::mem::ManuallyDrop;
+use core::mem::{ManuallyDrop, MaybeUninit};
 use core::ptr;
 use std::any::Any;
 use std::panic::{self, AssertUnwindSafe};
@@ -104,17 +105,27 @@ enum Outcome<Y, R> {
 /// Panic payload used to unwind a suspended coroutine that is being dropped.
 struct ForcedUnwind;
 
-/// Bookkeeping at the top of the coroutine's stack, written by the resumer
-/// before each switch in and read by the coroutine.
+/// The two contexts, at the top of the coroutine's stack (which never moves,
+/// unlike the `Coroutine` value): each side's switch stores its own saved
+/// context here as part of the switch (`swap_context_into`), and the other
+/// side reads it when it switches back.
 struct Header<I, Y, P: ContextPolicy> {
     /// The context that resumed the coroutine; the coroutine switches back to it.
     caller: Option<Context<P>>,
-    /// The resumer's message for this resumption.
-    input: *mut ToCoro<I>,
-    /// Where the coroutine stores its own context when it suspends.
-    self_slot: *mut Option<Context<P>>,
-    /// Where the coroutine stores the value it suspends with.
-    yielded: *mut Option<Y>,
+    /// The coroutine's own context while it is suspended (or not started).
+    me: Option<Context<P>>,
+    _marker: PhantomData<fn(I) -> Y>,
+}
+
+/// One resumption's exchange, on the resumer's stack: its address is the
+/// value the resumer's switch delivers to the coroutine, so nothing about it
+/// is written to the header.
+struct Transfer<I, Y> {
+    /// The resumer's message, read once by the coroutine.
+    input: ManuallyDrop<ToCoro<I>>,
+    /// The value the coroutine suspends with (when the value it switches
+    /// back with is 0).
+    yielded: MaybeUninit<Y>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,7 +151,6 @@ type YielderMarker<I, Y> = (fn(Y) -> I, *mut ());
 /// returns. `Coroutine` is not `Send`: code in it may hold references to
 /// thread-local data across a suspension.
 pub struct Coroutine<I, Y, R, S: Stack = PooledStack, P: ContextPolicy = DefaultPolicy> {
-    ctx: Option<Context<P>>,
     header: *mut Header<I, Y, P>,
     stack: ManuallyDrop<S>,
     state: State,
@@ -150,6 +160,8 @@ pub struct Coroutine<I, Y, R, S: Stack = PooledStack, P: ContextPolicy = Default
 /// Handle given to a coroutine's function to suspend it.
 pub struct Yielder<I, Y, P: ContextPolicy = DefaultPolicy> {
     header: *mut Header<I, Y, P>,
+    /// The exchange of the resumption the coroutine runs in.
+    transfer: Cell<*mut Transfer<I, Y>>,
     _marker: PhantomData<YielderMarker<I, Y>>,
 }
 
@@ -198,20 +210,21 @@ impl<I, Y, R, S: Stack, P: ContextPolicy> Coroutine<I, Y, R, S, P> {
         unsafe {
             header.write(Header {
                 caller: None,
-                input: ptr::null_mut(),
-                self_slot: ptr::null_mut(),
-                yielded: ptr::null_mut(),
+                me: None,
+                _marker: PhantomData,
             })
         };
-        let entry = move |_: usize| -> core::convert::Infallible {
+        let entry = move |transfer: usize| -> core::convert::Infallible {
             // SAFETY: this runs on the coroutine's stack, first resumed by
-            // `resume`, which filled in the header.
-            unsafe { coroutine_main::<I, Y, R, P, F>(header, f) }
+            // `switch_in`, which stored its context in the header and passes
+            // its exchange.
+            unsafe { coroutine_main::<I, Y, R, P, F>(header, transfer as *mut Transfer<I, Y>, f) }
         };
         // SAFETY: `rest` is the unused part of our stack, below the header.
         let ctx = unsafe { make_context_with::<P, _>(rest, entry) }.ok_or_else(too_small)?;
+        // SAFETY: the header was just written; nothing runs on the stack.
+        unsafe { (*header).me = Some(ctx) };
         Ok(Self {
-            ctx: Some(ctx),
             header,
             stack: ManuallyDrop::new(stack),
             state: State::NotStarted,
@@ -237,10 +250,9 @@ impl<I, Y, R, S: Stack, P: ContextPolicy> Coroutine<I, Y, R, S, P> {
     /// escaped the coroutine's function (the coroutine is then done).
     #[inline]
     pub fn resume(&mut self, input: I) -> CoroutineResult<Y, R> {
-        assert!(
-            !self.done(),
-            "resumed a coroutine that has already finished"
-        );
+        if self.state != State::Suspended {
+            self.first_resume();
+        }
         match self.switch_in(ToCoro::Resume(input)) {
             Outcome::Yield(y) => CoroutineResult::Yield(y),
             Outcome::Finish(Finish::Return(r)) => CoroutineResult::Return(r),
@@ -267,34 +279,44 @@ impl<I, Y, R, S: Stack, P: ContextPolicy> Coroutine<I, Y, R, S, P> {
         }
     }
 
-    #[inline]
-    fn switch_in(&mut self, msg: ToCoro<I>) -> Outcome<Y, R> {
+    /// What `resume` checks unless the coroutine is suspended: that it is
+    /// not done, and before its first run, the alternate signal stack.
+    #[cold]
+    #[inline(never)]
+    fn first_resume(&self) {
+        assert!(
+            !self.done(),
+            "resumed a coroutine that has already finished"
+        );
         if self.state == State::NotStarted {
             // A coroutine never changes OS thread (it is not `Send`), so one
             // check covers its whole life.
             trap::ensure_alt_stack();
         }
-        let ctx = self
-            .ctx
-            .take()
-            .expect("a suspended coroutine has a context");
-        let mut msg = ManuallyDrop::new(msg);
-        let mut yielded: Option<Y> = None;
+    }
+
+    #[inline]
+    fn switch_in(&mut self, msg: ToCoro<I>) -> Outcome<Y, R> {
         let header = self.header;
-        // SAFETY: the coroutine is suspended, so nothing runs on its stack and
-        // we may fill in its header.
-        unsafe {
-            (*header).input = &mut *msg as *mut ToCoro<I>;
-            (*header).self_slot = &mut self.ctx as *mut Option<Context<P>>;
-            (*header).yielded = &mut yielded as *mut Option<Y>;
-        }
-        // SAFETY: `ctx` is the coroutine's suspended context, resumed only here.
-        // The switch records our saved context as the coroutine's caller
-        // (the coroutine reads it only after it has been resumed).
-        let out = unsafe { P::swap_context_into(ctx, &raw mut (*header).caller, 0) };
+        // SAFETY: the coroutine is suspended (not done: checked by the
+        // callers), so its context is in the header, and resumed only here.
+        // Reading it leaves a stale copy, overwritten by its next switch.
+        let ctx = unsafe { ptr::read(&raw const (*header).me) }
+            .expect("a suspended coroutine has a context");
+        let mut transfer = Transfer {
+            input: ManuallyDrop::new(msg),
+            yielded: MaybeUninit::<Y>::uninit(),
+        };
+        // SAFETY: the switch records our saved context as the coroutine's
+        // caller (the coroutine reads it only after it has been resumed) and
+        // hands it our exchange, which stays put while we are suspended.
+        let out = unsafe {
+            P::swap_context_into(ctx, &raw mut (*header).caller, &raw mut transfer as usize)
+        };
         if out == 0 {
             self.state = State::Suspended;
-            Outcome::Yield(yielded.expect("a suspending coroutine leaves a value"))
+            // SAFETY: the coroutine suspended (value 0) after writing it.
+            Outcome::Yield(unsafe { transfer.yielded.assume_init_read() })
         } else {
             self.state = State::Done;
             // SAFETY: a finished coroutine passes a pointer to a `Finish` on its
@@ -308,6 +330,7 @@ impl<I, Y, R, S: Stack, P: ContextPolicy> Coroutine<I, Y, R, S, P> {
         if matches!(self.state, State::Done | State::Leaked) {
             return;
         }
+        self.first_resume();
         match self.switch_in(ToCoro::Cancel) {
             Outcome::Yield(y) => {
                 drop(y);
@@ -358,16 +381,19 @@ impl<I, Y, P: ContextPolicy> Yielder<I, Y, P> {
     #[inline]
     pub fn suspend(&self, value: Y) -> I {
         let header = self.header;
-        // SAFETY: we run inside the coroutine, so the header's pointers refer to
-        // the suspended resumer's `switch_in` frame, and `caller` is that
-        // resumer. The switch stores our context where the resumer expects it
-        // (`self_slot`, empty while we run); the value 0 tells it to look in
-        // its yield slot.
+        // SAFETY: we run inside the coroutine: `transfer` is the exchange of
+        // the suspended resumer's `switch_in` frame and `caller` is that
+        // resumer (a stale copy stays, overwritten by its next switch). The
+        // switch stores our context where the resumer looks for it; the value
+        // 0 tells it to take the yielded value. The resumption delivers the
+        // next exchange.
         unsafe {
-            *(*header).yielded = Some(value);
-            let caller = (*header).caller.take().expect("coroutine has a caller");
-            P::swap_context_into(caller, (*header).self_slot, 0);
-            take_input(header)
+            (*self.transfer.get()).yielded.write(value);
+            let caller = ptr::read(&raw const (*header).caller).expect("coroutine has a caller");
+            let next = P::swap_context_into(caller, &raw mut (*header).me, 0);
+            let next = next as *mut Transfer<I, Y>;
+            self.transfer.set(next);
+            take_input(next)
         }
     }
 }
@@ -377,11 +403,12 @@ impl<I, Y, P: ContextPolicy> Yielder<I, Y, P> {
 ///
 /// # Safety
 ///
-/// Must run on the coroutine stack right after a resumption.
+/// Must run on the coroutine stack right after a resumption, with the
+/// exchange that resumption delivered.
 #[inline]
-unsafe fn take_input<I, Y, P: ContextPolicy>(header: *mut Header<I, Y, P>) -> I {
-    // SAFETY: the resumer stored a pointer to its message, read exactly once.
-    match unsafe { ptr::read((*header).input) } {
+unsafe fn take_input<I, Y>(transfer: *mut Transfer<I, Y>) -> I {
+    // SAFETY: the resumer's message, read exactly once.
+    match unsafe { ManuallyDrop::take(&mut (*transfer).input) } {
         ToCoro::Resume(i) => i,
         ToCoro::Cancel => panic::resume_unwind(Box::new(ForcedUnwind)),
     }
@@ -392,14 +419,19 @@ unsafe fn take_input<I, Y, P: ContextPolicy>(header: *mut Header<I, Y, P>) -> I 
 ///
 /// # Safety
 ///
-/// Runs on the coroutine stack at first resumption, with `header` filled in.
-unsafe fn coroutine_main<I, Y, R, P, F>(header: *mut Header<I, Y, P>, f: F) -> !
+/// Runs on the coroutine stack at first resumption, with `header` filled in
+/// and `transfer` the exchange of that resumption.
+unsafe fn coroutine_main<I, Y, R, P, F>(
+    header: *mut Header<I, Y, P>,
+    transfer: *mut Transfer<I, Y>,
+    f: F,
+) -> !
 where
     P: ContextPolicy,
     F: FnOnce(&Yielder<I, Y, P>, I) -> R,
 {
     // SAFETY: first resumption; the message is ours to read.
-    let first = unsafe { ptr::read((*header).input) };
+    let first = unsafe { ManuallyDrop::take(&mut (*transfer).input) };
     let out: Finish<R> = match first {
         ToCoro::Cancel => {
             drop(f);
@@ -408,6 +440,7 @@ where
         ToCoro::Resume(input) => {
             let yielder = Yielder {
                 header,
+                transfer: Cell::new(transfer),
                 _marker: PhantomData,
             };
             match panic::catch_unwind(AssertUnwindSafe(move || f(&yielder, input))) {

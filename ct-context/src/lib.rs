@@ -29,7 +29,9 @@
 //! # Layers
 //!
 //! - [`ContextPolicy`]: the primitives, per architecture — [`X86_64`] (switches
-//!   inlined as assembly at each call site), [`X86_64Fpu`] (also saves MXCSR and the x87 control word) and
+//!   inlined as assembly at each call site), [`X86_64Fpu`] (also keeps each
+//!   context's floating-point control words: rounding, precision, exception
+//!   masks) and
 //!   [`Portable`] (on `corosensei`, for every architecture it supports).
 //! - [`Context`] and the closure wrappers [`swap_with`], [`save_with`],
 //!   [`cond_swap_with`], [`restore_with`], [`make_context_with`]: unsafe but
@@ -121,7 +123,7 @@ pub use coroutine::{Coroutine, CoroutineResult, Yielder};
 pub use error::{Error, Result};
 pub use policy::{ContextPolicy, DefaultPolicy, Portable};
 #[cfg(target_arch = "x86_64")]
-pub use policy::{X86_64, X86_64Fpu};
+pub use policy::{FpuLoads, X86_64, X86_64Fpu};
 pub use stack::{
     DEFAULT_STACK_SIZE, MmapStack, PooledStack, RawStack, Stack, StackPool, StackRegion,
 };

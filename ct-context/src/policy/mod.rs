@@ -3,20 +3,26 @@
 //! | policy | where | what it saves |
 //! |---|---|---|
 //! | [`X86_64`] | x86-64 | callee-saved registers (`rbx`, `rbp`, `r12`–`r15`) and the stack pointer |
-//! | [`X86_64Fpu`] | x86-64 | the same plus MXCSR and the x87 control word |
+//! | [`X86_64Fpu`] | x86-64 | the same plus the floating-point control settings: MXCSR's control bits and the x87 control word (loaded on a switch only where they differ) |
 //! | [`Portable`] | every architecture `corosensei` supports | whatever `corosensei` saves |
 //!
 //! [`DefaultPolicy`] is [`X86_64`] on x86-64 and [`Portable`] elsewhere.
 //! Rust code never changes the floating-point control words, so the default
 //! does not pay for saving them; code that changes rounding modes or exception
-//! masks per thread picks [`X86_64Fpu`].
+//! masks per thread picks [`X86_64Fpu`]. What the extra work costs depends on
+//! the processor (see the `ctx_switch` benchmark, whose lines name it): on
+//! an AMD EPYC of family 0x19 (Zen 3), reading MXCSR alone makes a round trip
+//! about four times a plain one; on Intel, where storing the words is cheap
+//! and loading them is not, the policy compares before loading
+//! ([`FpuLoads`]), which leaves a plain switch plus two stores and a
+//! comparison where the words do not change.
 
 mod portable;
 
 pub use portable::Portable;
 
 #[cfg(target_arch = "x86_64")]
-pub use crate::arch::x86_64::{X86_64, X86_64Fpu};
+pub use crate::arch::x86_64::{FpuLoads, X86_64, X86_64Fpu};
 
 use crate::context::{CondOntopFn, Context, EntryFn, OntopFn, RestoreFn};
 use crate::stack::StackRegion;
