@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tests::{
     all_programs, assert_same_as_reference, check_program, compile, compile_linked_to_ours,
-    libgomp_reference, needed_libraries, run_ours_env, run_ours_launcher, run_ours_linked,
-    undefined_symbols,
+    libgomp_reference, needed_libraries, run_libgomp, run_ours, run_ours_env, run_ours_launcher,
+    run_ours_linked, undefined_symbols,
 };
 
 /// Where the compiled programs go.
@@ -38,6 +38,7 @@ const TESTED: &[&str] = &[
     "data_sharing",
     "exit_call",
     "exit_status",
+    "flush_pipeline",
     "flush_wavefront",
     "locks",
     "loop_schedules",
@@ -85,6 +86,22 @@ fn flush_wavefront() {
 #[test]
 fn threadprivate() {
     check("threadprivate", 0);
+}
+
+/// An LU-style pipeline whose neighbouring processes write the same blocks
+/// concurrently, synchronised by flushes only (it once read stale data on
+/// 4 processes): equal to the serial sweeps on 2×1, 2×2 and 4×1. The
+/// reference runs libgomp with 2 threads only (with more threads than cores
+/// its spinning flag loops take seconds per run).
+#[test]
+fn flush_pipeline() {
+    let program = compile(out_dir(), "flush_pipeline", "");
+    let run = run_libgomp(&program, &[], 2);
+    run.assert_passed(0);
+    for (processes, threads) in [(2, 1), (2, 2), (4, 1)] {
+        let ours = run_ours(&program, &[], processes, threads);
+        assert_same_as_reference(&ours, &run, 0);
+    }
 }
 
 #[test]
