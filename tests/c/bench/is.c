@@ -1,5 +1,5 @@
 /* IS-like kernel (the integer sort of the NAS Parallel Benchmarks): ranks
- * 2^NB integer keys in [0, 2^KB) by a bucketed counting sort, ITERS
+ * 2^NB integer keys in [0, 2^KB) by a bucketed counting sort, `iters`
  * times, changing two keys before each ranking as NPB IS does.
  *
  * The keys come from the linear congruential generator x' = 5^13 x mod
@@ -22,11 +22,11 @@
  * keys' checksum (sum and sum of squares); and every iteration's test ranks
  * must equal serial counts on the keys of that iteration.
  *
- * Classes: S 2^22 keys < 2^18, W 2^24 keys < 2^20, A 2^25 keys < 2^21;
- * 10 iterations. */
+ * Classes: S 2^22 keys < 2^18 with 10 iterations (NPB's count), W 2^24
+ * keys < 2^20 with 20, A 2^25 keys < 2^21 with 20. */
 #include "kernel.h"
 
-#define ITERS 10
+#define MAXITERS 20
 #define NTEST 5
 #define LOG_BUCKETS 10
 #define BUCKETS (1 << LOG_BUCKETS)
@@ -46,12 +46,12 @@ static inline unsigned long long mul46(unsigned long long a,
 }
 
 static long nkeys;
-static int max_key, shift;
+static int max_key, shift, iters;
 static int *key_array, *key_buff1, *key_buff2;
 static int *bucket_size, *bucket_ptrs; /* threads x BUCKETS */
 static long test_index[NTEST];
-static int test_value[ITERS + 1][NTEST];
-static long test_rank[ITERS + 1][NTEST];
+static int test_value[MAXITERS + 1][NTEST];
+static long test_rank[MAXITERS + 1][NTEST];
 
 static void create_keys(void)
 {
@@ -67,11 +67,11 @@ static void create_keys(void)
     }
 }
 
-/* Ranking number `it` (1 .. ITERS). */
+/* Ranking number `it` (1 .. iters). */
 static void rank(int it)
 {
     key_array[it] = it;
-    key_array[it + ITERS] = max_key - it;
+    key_array[it + iters] = max_key - it;
     for (int t = 0; t < NTEST; t++)
         test_value[it][t] = key_array[test_index[t]];
 
@@ -134,10 +134,12 @@ int main(int argc, char **argv)
 {
     static const int nb_of_class[] = {22, 24, 25};
     static const int kb_of_class[] = {18, 20, 21};
+    static const int iters_of_class[] = {10, 20, 20};
     int cls = kernel_class(argc, argv, "is");
     nkeys = 1L << nb_of_class[cls];
     max_key = 1 << kb_of_class[cls];
     shift = kb_of_class[cls] - LOG_BUCKETS;
+    iters = iters_of_class[cls];
     int threads = kernel_team_size();
 
     key_array = malloc(nkeys * sizeof *key_array);
@@ -152,16 +154,16 @@ int main(int argc, char **argv)
     memcpy(orig, key_array, nkeys * sizeof *orig);
 
     double t0 = omp_get_wtime();
-    for (int it = 1; it <= ITERS; it++)
+    for (int it = 1; it <= iters; it++)
         rank(it);
     double seconds = omp_get_wtime() - t0;
 
     /* Test ranks: the keys of iteration `it` are the original ones with
      * the changes of iterations 1 .. it. */
     long wrong_ranks = 0, rank_sum = 0;
-    for (int it = 1; it <= ITERS; it++) {
+    for (int it = 1; it <= iters; it++) {
         orig[it] = it;
-        orig[it + ITERS] = max_key - it;
+        orig[it + iters] = max_key - it;
         for (int t = 0; t < NTEST; t++) {
             long below = 0;
             for (long i = 0; i < nkeys; i++)
@@ -212,7 +214,7 @@ int main(int argc, char **argv)
     snprintf(details, sizeof details,
              "keys=%ld max_key=%d iters=%d rank_sum=%ld checksum=%llu "
              "wrong_ranks=%ld wrong_counts=%ld misplaced=%ld",
-             nkeys, max_key, ITERS, rank_sum, sum, wrong_ranks, wrong_counts,
+             nkeys, max_key, iters, rank_sum, sum, wrong_ranks, wrong_counts,
              misplaced);
     free(key_array);
     free(key_buff1);

@@ -31,14 +31,14 @@
  * the residual must have fallen at least a hundredfold and the flags must
  * all be clear at the end.
  *
- * Classes: S 32^3 with 100 iterations, W 64^3 with 150, A 96^3 with 150.
+ * Classes: S 40^3 with 100 iterations, W 80^3 with 150, A 96^3 with 200.
  */
 #include <math.h>
 
 #include "kernel.h"
 
 #define MAXT 1024   /* flags: at most this many threads */
-#define MAXITERS 150
+#define MAXITERS 200
 #define OMEGA 1.2
 #define C0 0.1
 #define MASK23 ((1ULL << 23) - 1)
@@ -168,8 +168,8 @@ static void ssor(double *u, const double *f, double *r, double *norm)
 
 int main(int argc, char **argv)
 {
-    static const int n_of_class[] = {32, 64, 96};
-    static const int iters_of_class[] = {100, 150, 150};
+    static const int n_of_class[] = {40, 80, 96};
+    static const int iters_of_class[] = {100, 150, 200};
     int cls = kernel_class(argc, argv, "lu");
     nx = ny = nz = n_of_class[cls];
     iters = iters_of_class[cls];
