@@ -13,9 +13,15 @@
 //! against NPB's published sums), `cg` (conjugate gradient on a sparse
 //! matrix), `fib` (task-parallel Fibonacci, no cutoff), `matmul` (dense
 //! matrix multiply), `stencil` (2-D Jacobi heat sweeps with a
-//! `reduction(max: …)` residual). Each verifies its own result and prints
-//! the seconds of its timed part (`omp_get_wtime`, set-up and verification
-//! excluded); that is the sample, so process start-up is not measured.
+//! `reduction(max: …)` residual), `is` (NPB IS-like bucketed counting sort
+//! with per-thread histograms), `mg` (NPB MG-like multigrid V-cycles on
+//! `double ***` grids, a `parallel for` per operator), `ft` (NPB FT-like
+//! 3-D FFT solver, strided lines gathered per thread), `lu` (NPB LU-like
+//! SSOR whose sweeps are pipelined with a flag array and `flush`), `adi`
+//! (SP/BT-like alternating-direction line solves, about five barriers per
+//! time step). Each verifies its own result and prints the seconds of its
+//! timed part (`omp_get_wtime`, set-up and verification excluded); that is
+//! the sample, so process start-up is not measured.
 //!
 //! Every round runs each implementation once, in turn: libgomp with 2
 //! threads (`OMP_NUM_THREADS=2`, the baseline) and ours at every
@@ -45,16 +51,17 @@ use ct_bench::{Args, Param, Stats, StealMeter, emit};
 use tests::{OUR_LIBRARY, OUR_LIBRARY_ENV, Run, c_dir, gcc, profile_dir, run_libgomp, run_ours};
 
 const HELP: &str = "\
-gomp_kernels [--kernels ep,cg,fib,matmul,stencil] [--classes S] [--configs 1x2,2x1,4x1]
-             [--runs 5]
+gomp_kernels [--kernels ep,cg,fib,matmul,stencil,is,mg,ft,lu,adi] [--classes S]
+             [--configs 1x2,2x1,4x1] [--runs 5]
 
 Plain OpenMP C kernels (tests/c/bench/), compiled once with gcc -fopenmp -O2,
 on GCC's libgomp with 2 threads (the baseline) and on libmenps_gomp.so
 (LD_PRELOAD) at P processes x T threads per process.
-  --kernels  which kernels (default: all of ep, cg, fib, matmul, stencil)
+  --kernels  which kernels (default: all of ep, cg, fib, matmul, stencil,
+             is, mg, ft, lu, adi)
   --classes  size classes, S, W or A (default: S). With libgomp at 2 threads
-             on a 2-core machine, S takes about 0.05-0.3 s per run, W about
-             0.3-1 s, A several seconds.
+             on an idle 2-core machine, S takes about 0.05-0.5 s per run, W
+             about 0.3-3 s, A several seconds.
   --configs  our configurations as PxT (default: 1x2,2x1,4x1)
   --runs     measured rounds after one warm-up round (default: 5)
 The sample is the kernel's own timing of its timed part. One JSON line of
@@ -65,7 +72,9 @@ Needs the release build of the library: cargo build --release -p menps-gomp
 verified.";
 
 /// The kernels, as `tests/c/bench/<name>.c`.
-const KERNELS: [&str; 5] = ["ep", "cg", "fib", "matmul", "stencil"];
+const KERNELS: [&str; 10] = [
+    "ep", "cg", "fib", "matmul", "stencil", "is", "mg", "ft", "lu", "adi",
+];
 
 /// The size classes the kernels accept.
 const CLASSES: [&str; 3] = ["S", "W", "A"];
