@@ -19,7 +19,9 @@
 //! 3-D FFT solver, strided lines gathered per thread), `lu` (NPB LU-like
 //! SSOR whose sweeps are pipelined with a flag array and `flush`), `adi`
 //! (SP/BT-like alternating-direction line solves, about five barriers per
-//! time step). Each verifies its own result and prints the seconds of its
+//! time step), `barrier` (a barrier storm: the team barrier's own cost per
+//! episode), `regions` (many short regions, each with a reduction into
+//! `main`'s frame and a write to a heap array). Each verifies its own result and prints the seconds of its
 //! timed part (`omp_get_wtime`, set-up and verification excluded); that is
 //! the sample, so process start-up is not measured.
 //!
@@ -51,14 +53,15 @@ use ct_bench::{Args, Param, Stats, StealMeter, emit};
 use tests::{OUR_LIBRARY, OUR_LIBRARY_ENV, Run, c_dir, gcc, profile_dir, run_libgomp, run_ours};
 
 const HELP: &str = "\
-gomp_kernels [--kernels ep,cg,fib,matmul,stencil,is,mg,ft,lu,adi] [--classes S]
+gomp_kernels [--kernels ep,cg,fib,matmul,stencil,is,mg,ft,lu,adi,barrier,regions]
+             [--classes S]
              [--configs 1x2,2x1,4x1] [--runs 5]
 
 Plain OpenMP C kernels (tests/c/bench/), compiled once with gcc -fopenmp -O2,
 on GCC's libgomp with 2 threads (the baseline) and on libmenps_gomp.so
 (LD_PRELOAD) at P processes x T threads per process.
   --kernels  which kernels (default: all of ep, cg, fib, matmul, stencil,
-             is, mg, ft, lu, adi)
+             is, mg, ft, lu, adi, barrier, regions)
   --classes  size classes, S, W or A (default: S). With libgomp at 2 threads
              on an idle 2-core machine, S takes about 0.05-0.5 s per run, W
              about 0.3-3 s, A several seconds.
@@ -72,8 +75,8 @@ Needs the release build of the library: cargo build --release -p menps-gomp
 verified.";
 
 /// The kernels, as `tests/c/bench/<name>.c`.
-const KERNELS: [&str; 10] = [
-    "ep", "cg", "fib", "matmul", "stencil", "is", "mg", "ft", "lu", "adi",
+const KERNELS: [&str; 12] = [
+    "ep", "cg", "fib", "matmul", "stencil", "is", "mg", "ft", "lu", "adi", "barrier", "regions",
 ];
 
 /// The size classes the kernels accept.
