@@ -95,9 +95,8 @@
 //! - Scratch memory of one thread in the private heap ([`private`]).
 //! - Few, long regions: a region's team reads the starting thread's frame
 //!   (the closure and what it borrows), fetched again by the other
-//!   processes after that frame changed; a region costs two hand-offs of
-//!   write notices besides (from process 0 to the others at its start, from
-//!   each to process 0 at its end).
+//!   processes after that frame changed; a region costs two DSM barriers
+//!   besides.
 //!
 //! On one process there is no DSM traffic at all: barriers are in-process.
 //!

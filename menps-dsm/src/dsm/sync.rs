@@ -66,8 +66,6 @@ pub(crate) struct SyncState<U: UltItf> {
     epoch: Mutex<u64, U>,
     /// Flush slots: per process a sequence word, then a signature.
     flush_win: WindowId,
-    /// Fork hand-off slots: per process one signature ([`Space::hand_off`]).
-    fork_win: WindowId,
     /// At rank 0: the words whose race was reported (open addressing,
     /// `word + 1` per claimed slot), so each is reported once in the job.
     race_win: WindowId,
@@ -98,9 +96,7 @@ impl<U: UltItf> SyncState<U> {
         let alloc_win = com.create_window(key_off + max_mutexes * 8)?;
         let flush_win = com.create_window(8 + sig_bytes)?;
         let race_win = com.create_window(RACE_SLOTS * 8)?;
-        let fork_win = com.create_window(sig_bytes)?;
         Ok(SyncState {
-            fork_win,
             flush_win,
             race_win,
             flush: Mutex::new_in(FlushState {
@@ -263,47 +259,6 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             fl.seen[q] = seq;
         }
         Ok(news)
-    }
-
-    // -----------------------------------------------------------------
-    // Hand-offs (fork–join)
-
-    /// Release fence, then this process's release signature goes to its
-    /// hand-off slot, for the processes that [`Space::take_over`] from it
-    /// next (told by a message of the caller's protocol); the signature
-    /// starts afresh here. A fork–join uses one hand-off from process 0 to
-    /// the others when a fork starts and one from each to process 0 when
-    /// it ends, instead of two barriers: everything process 0 published at
-    /// a start — its writes and the signatures it took over at the last end
-    /// — every process takes over, so each write reaches every process.
-    /// The caller must not hand off again before every taker has taken it.
-    pub fn hand_off(&self) -> DsmResult<()> {
-        let _rt = self.enter()?;
-        let r = (|| {
-            self.release_fence()?;
-            let cap = self.cfg.effective_wn_list_len();
-            let mut mine = core::mem::replace(&mut *self.rel_sig.lock(), Signature::new(cap));
-            let s = self.sync();
-            self.com
-                .write(s.fork_win.at(self.rank, 0), &mine.to_bytes())?;
-            self.com.flush(self.rank)?;
-            Ok(())
-        })();
-        r.map_err(|e| self.fail(e))
-    }
-
-    /// Acquires the signature process `from` handed off last
-    /// ([`Space::hand_off`]), and passes it on with this process's own.
-    pub fn take_over(&self, from: usize) -> DsmResult<()> {
-        let _rt = self.enter()?;
-        let r = (|| {
-            let s = self.sync();
-            let mut sig = self.read_signature(s.fork_win, from, 0)?;
-            self.acquire_inner(&mut sig)?;
-            self.rel_sig.lock().merge(&sig);
-            Ok(())
-        })();
-        r.map_err(|e| self.fail(e))
     }
 
     // -----------------------------------------------------------------

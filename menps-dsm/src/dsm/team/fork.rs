@@ -33,11 +33,8 @@ pub type TeamUlt = Ult<TeamConfig>;
 /// Tag of the team's commands (rank 0 to the others): the last tag of the
 /// range of DSM mutex hand-offs, far above any mutex id.
 const TEAM_TAG: Tag = DSM_TAG_BIT | 0x7fff_fff0;
-/// Tag of the others' "fork done" messages to rank 0.
-const DONE_TAG: Tag = DSM_TAG_BIT | 0x7fff_fff1;
 const CMD_FORK: u64 = 1;
 const CMD_EXIT: u64 = 2;
-const CMD_DONE: u64 = 3;
 /// Words of a command: kind, function, data, threads per process, target
 /// process (`ALL`: every process).
 const CMD_WORDS: usize = 5;
@@ -176,12 +173,9 @@ impl core::fmt::Debug for OpenFork {
 /// use pointers into `main`'s frame: a local array of `main`, a `Vec` built
 /// by `main` with the [`DsmAllocator`](crate::dsm::DsmAllocator).
 ///
-/// A fork costs one hand-off from process 0 to the others before the
-/// threads start (what `main` wrote, with everything process 0 took over
-/// since the last fork) and one from each other process to process 0 after
-/// they end (what they wrote) — a message and a signature each way, no
-/// barrier; [`TeamThread::barrier`] inside costs one DSM barrier per
-/// process.
+/// A fork costs one DSM barrier before the threads start (it publishes what
+/// `main` wrote) and one after they end (it publishes what they wrote);
+/// [`TeamThread::barrier`] inside costs one DSM barrier per process.
 ///
 /// A team thread that panics ends its process (status 101) with a message:
 /// the other threads of the team could never pass their next barrier. The
@@ -476,10 +470,6 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             )));
         }
         self.forks.fetch_add(1, Ordering::Relaxed);
-        if self.dsm.nprocs() > 1 {
-            // What `main` wrote so far goes with the fork (see `execute`).
-            self.dsm.space.hand_off()?;
-        }
         self.command([
             CMD_FORK,
             f as usize as u64,
@@ -514,6 +504,9 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         self.announce(target, num_threads, f, data)?;
         let r = (|| {
             let _rt = RuntimeGuard::enter();
+            if nprocs > 1 {
+                dsm.barrier()?;
+            }
             let all = target == ALL;
             let (tpp, first) = if all {
                 let (base, extra) = (num_threads / nprocs, num_threads % nprocs);
@@ -592,32 +585,13 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             drop(Box::from_raw(threads));
             drop(Box::from_raw(barrier));
         }
-        let r = self.join_processes();
+        let r = if self.dsm.nprocs() == 1 {
+            self.dsm.check()
+        } else {
+            self.dsm.barrier()
+        };
         self.forking.store(false, Ordering::Release);
         r
-    }
-
-    /// The end of a fork in this process, once its team threads are done:
-    /// process 0 waits for every other process's hand-off and takes it
-    /// over; the others hand off and tell process 0.
-    fn join_processes(&self) -> DsmResult<()> {
-        let dsm = self.dsm;
-        if dsm.nprocs() == 1 {
-            return dsm.check();
-        }
-        let _rt = RuntimeGuard::enter();
-        if dsm.rank() == 0 {
-            for _ in 1..dsm.nprocs() {
-                let mut b = [0u8; 8];
-                let (p, _) = dsm.com().recv_into(Source::Any, DONE_TAG, &mut b)?;
-                dsm.space.take_over(p)?;
-            }
-            Ok(())
-        } else {
-            dsm.space.hand_off()?;
-            dsm.com().send(0, DONE_TAG, &CMD_DONE.to_le_bytes())?;
-            Ok(())
-        }
     }
 
     /// [`Team::fork`] of a closure: `f(thread)` runs on every team thread.
@@ -660,13 +634,10 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         }
     }
 
-    /// Runs one fork in this process: the others take over process 0's
-    /// hand-off (its writes so far become visible), the team threads run
-    /// (if the fork is for this process), and the fork ends with a hand-off
-    /// from each other process to process 0 ([`Team::join_processes`]) —
-    /// one message each way instead of two barriers. `threads` is the
-    /// team's size: all processes together for a fork to `ALL`, else the
-    /// threads of the one process.
+    /// Runs one fork in this process: a DSM barrier (process 0's writes so
+    /// far become visible), the team threads (if the fork is for this
+    /// process), a DSM barrier. `threads` is the team's size: all processes
+    /// together for a fork to `ALL`, else the threads of the one process.
     fn execute(&self, f: TeamFn, data: usize, threads: usize, target: u64) -> DsmResult<()> {
         // The team's own bookkeeping is not DSM memory; the team threads'
         // code is user code again (`run_team_thread`).
@@ -674,8 +645,9 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         let dsm = self.dsm;
         // One process: its threads share its copy of every block; the
         // scope's join orders their writes before `main`'s later reads.
-        if dsm.nprocs() > 1 && dsm.rank() != 0 {
-            dsm.space.take_over(0)?;
+        let one = dsm.nprocs() == 1;
+        if !one {
+            dsm.barrier()?;
         }
         let (rank, nprocs) = (dsm.rank(), dsm.nprocs());
         let all = target == ALL;
@@ -722,7 +694,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
                 }
             });
         }
-        self.join_processes()
+        if one { dsm.check() } else { dsm.barrier() }
     }
 }
 
