@@ -55,6 +55,7 @@ fn job_entry() {
         "fork_before_start" => fork_before_start(&dsm),
         "stack_overflow" => stack_overflow(&dsm),
         "dead_stack" => dead_stack(&dsm),
+        "fork_chain" => fork_chain(&dsm),
         "plain_join" => plain_join(&dsm),
         other => panic!("unknown scenario {other}"),
     }
@@ -313,6 +314,52 @@ fn team_barrier_ult(dsm: &D) {
             // SAFETY: written by the fork's atomics, joined.
             let leaders = unsafe { (slots as *const u64).add(1000 + r).read() };
             assert_eq!(leaders, EPISODES, "leaders of rank {r}");
+        }
+    })
+    .unwrap();
+}
+
+/// Forks without barriers inside pass writes between any two processes: in
+/// fork `r` the thread of process `r % n` writes word `r` of a segment (in
+/// a block of its own, and in a block all writers share), and in every
+/// later fork every thread checks every word written so far, whichever
+/// process wrote it. `main` checks them between forks too.
+fn fork_chain(dsm: &D) {
+    const FORKS: usize = 60;
+    let team = Team::new(dsm, 1).unwrap();
+    let seg = dsm.alloc_segment(64 * 4096, 4096).unwrap() as usize;
+    let value = |r: usize| (r as u64 + 1) * 0x1_0001;
+    team.run_main(|| {
+        for r in 0..FORKS {
+            let work = |t: &TeamThread<'_>| {
+                let own = seg as *mut u64;
+                let shared = (seg + 63 * 4096) as *mut u64;
+                for k in 0..r {
+                    // SAFETY: written in an earlier fork.
+                    let (a, b) = unsafe { (own.add((k % 63) * 512).read(), shared.add(k).read()) };
+                    assert_eq!(
+                        (a, b),
+                        (value(k), value(k)),
+                        "fork {r}: thread {} (process {}) sees word {k} stale",
+                        t.thread_num(),
+                        t.rank()
+                    );
+                }
+                if t.rank() == r % t.nprocs() {
+                    // SAFETY: only this process writes word r, in this fork.
+                    unsafe {
+                        own.add((r % 63) * 512).write(value(r));
+                        shared.add(r).write(value(r));
+                    }
+                }
+            };
+            // SAFETY: the closure captures a segment address and numbers.
+            unsafe { team.parallel(1, &work) }.unwrap();
+            for k in 0..=r {
+                // SAFETY: written by a fork that has ended.
+                let v = unsafe { ((seg + 63 * 4096) as *const u64).add(k).read() };
+                assert_eq!(v, value(k), "main after fork {r}: word {k}");
+            }
         }
     })
     .unwrap();
@@ -796,6 +843,11 @@ fn fork_join_main_on_a_dsm_stack_with_heap_and_stack_data() {
 #[test]
 fn team_barrier_10k_episodes_2_team_threads_per_process() {
     run("team_barrier_ult", &[2]);
+}
+
+#[test]
+fn forks_pass_writes_between_any_processes() {
+    run("fork_chain", &[2, 3, 4]);
 }
 
 #[test]
