@@ -27,7 +27,11 @@
 //! is DSM memory, pinned on process 0: `copyin` of an array makes the other
 //! threads copy `main`'s values from its thread-local area, wherever they
 //! run. Explicit tasks that run deferred, on a thread of their own, see the
-//! thread-locals of the OS thread that runs them.
+//! thread-locals of the OS thread that runs them. With the runtime linked
+//! into the executable (`libmenps_gomp.a`) there are no carriers: the
+//! runtime's own thread-locals are then in the executable's block too.
+//! `threadprivate` then behaves as on OS threads shared by several team
+//! threads.
 
 use core::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -199,6 +203,14 @@ pub(crate) fn install(exe: &crate::image::Executable, dsm: &'static ProgramDsm) 
     let Some(tls_size) = exe.tls else {
         return;
     };
+    // Linked into the executable (`libmenps_gomp.a`, or a Rust program
+    // with this crate), the runtime's own thread-locals sit in the
+    // executable's block, at fixed offsets from `%fs`: a carrier would
+    // hide them. Only the shared library reaches its own through the
+    // dynamic thread vector.
+    if exe.contains(install as *const () as usize) {
+        return;
+    }
     // SAFETY: getauxval reads the auxiliary vector.
     let hwcap2 = unsafe { libc::getauxval(libc::AT_HWCAP2) };
     FSGSBASE.store(hwcap2 & 2 != 0, Ordering::Relaxed);
