@@ -96,12 +96,19 @@ pub(crate) unsafe fn parallel_region(
     };
     rt.next_region.fetch_add(1, Ordering::Relaxed);
     crate::start::flush_output();
+    // Thread 0 takes over this thread's thread-local area for the region:
+    // this thread gives it up first, since it may still run (the fork's
+    // bookkeeping, on another worker) while thread 0 does.
+    crate::tls::leave();
     // SAFETY: `region` lives in this frame (DSM memory: `main` runs on a DSM
     // stack) until the fork returns; `team_thread` reads it as a `Region`.
     unsafe {
         rt.team
             .fork_team(n, team_thread, (&region as *const Region).cast_mut().cast())
             .unwrap_or_else(|e| die(format_args!("parallel region: {e}")));
+    }
+    if region.carrier0 != 0 {
+        crate::tls::enter(region.carrier0 - 1);
     }
     let end = region.seq_end.load(Ordering::Relaxed);
     if end != u64::MAX {

@@ -38,12 +38,12 @@ int main(void)
         CHECK(same, "copyin of an array");
         counter = 1000 + me;
         vec[0] = me;
-        for (int r = 0; r < 50; r++) {
+        for (int r = 0; r < 2000; r++) {
             hits += r;
 #pragma omp barrier
             CHECK(counter == 1000 + me && vec[0] == me, "own copy across barriers");
         }
-        CHECK(hits == 50 * 49 / 2, "own accumulator");
+        CHECK(hits == 2000L * 1999 / 2, "own accumulator");
     }
     CHECK(counter == 1000, "the master's copy is thread 0's");
 

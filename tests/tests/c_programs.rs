@@ -83,9 +83,20 @@ fn flush_wavefront() {
 /// `threadprivate` with `copyin` (by value and by address), persistence
 /// across regions, `copyprivate` and `errno`: each team thread has its own
 /// thread-local area.
+///
+/// Also 1×4 (more team threads than workers) several times: `main`, whose
+/// area thread 0 takes over during a region, may still run the fork's
+/// bookkeeping on another worker; sharing the area then crashed the
+/// runtime in about one run of eight.
 #[test]
 fn threadprivate() {
     check("threadprivate", 0);
+    let program = compile(out_dir(), "threadprivate", "");
+    let reference = libgomp_reference(&program, 0);
+    for _ in 0..6 {
+        let ours = run_ours(&program, &[], 1, 4);
+        assert_same_as_reference(&ours, &reference[&4], 0);
+    }
 }
 
 /// An LU-style pipeline whose neighbouring processes write the same blocks
