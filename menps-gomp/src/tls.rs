@@ -66,10 +66,22 @@ fn carriers() -> &'static [AtomicUsize] {
     C.get_or_init(|| (0..MAX_CARRIERS).map(|_| AtomicUsize::new(0)).collect())
 }
 
-/// Per worker: the thread control block of its OS thread (0: not seen yet).
-fn workers() -> &'static [AtomicUsize] {
+/// Workers a process can have with carriers.
+const MAX_WORKERS: usize = 1024;
+
+/// Worker `w`'s slot: the thread control block of its OS thread (0: not
+/// seen yet). A hook must not panic: more workers end the process with a
+/// message.
+#[inline]
+fn worker_slot(w: usize) -> &'static AtomicUsize {
     static W: OnceLock<Box<[AtomicUsize]>> = OnceLock::new();
-    W.get_or_init(|| (0..1024).map(|_| AtomicUsize::new(0)).collect())
+    W.get_or_init(|| (0..MAX_WORKERS).map(|_| AtomicUsize::new(0)).collect())
+        .get(w)
+        .unwrap_or_else(|| {
+            die(format_args!(
+                "threadprivate: more than {MAX_WORKERS} workers in one process"
+            ))
+        })
 }
 
 /// Serialises carrier creation.
@@ -126,7 +138,7 @@ fn carrier_bits(word: usize) -> usize {
 /// called while no carrier is installed on this worker's OS thread).
 #[inline]
 fn worker_tcb(worker: usize) -> usize {
-    let slot = &workers()[worker];
+    let slot = worker_slot(worker);
     match slot.load(Ordering::Relaxed) {
         0 => {
             let fs = read_fs();
@@ -154,7 +166,7 @@ fn install_carrier(worker: usize, tcb: usize) {
 /// area.
 #[inline]
 fn remove_carrier(worker: usize, tcb: usize) {
-    let own = workers()[worker].load(Ordering::Relaxed);
+    let own = worker_slot(worker).load(Ordering::Relaxed);
     if own == 0 {
         return;
     }
@@ -178,7 +190,7 @@ impl SwitchExtension for Switch {
                 // A thread without a carrier runs on the worker's own area
                 // (the thread that left may have had one, and its `left`
                 // comes after this call).
-                let own = workers()[worker].load(Ordering::Relaxed);
+                let own = worker_slot(worker).load(Ordering::Relaxed);
                 if own != 0 && read_fs() != own {
                     write_fs(own);
                 }

@@ -33,10 +33,15 @@ pub fn describe(addr: usize) -> String {
 /// The words this process saw reported (each racing word once).
 static SEEN: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 
-/// Reports `r` on stderr unless its word was reported already by any
-/// process of the job (`claim` asks the job); returns whether it printed.
-pub(crate) fn report_once(r: &super::error::RaceReport, claim: impl FnOnce(usize) -> bool) -> bool {
-    let word = r.addr & !7;
+/// Reports the race at `addr` on stderr (the report made by `report`, only
+/// then) unless its word was reported already by any process of the job
+/// (`claim` asks the job); returns whether it printed.
+pub(crate) fn report_once(
+    addr: usize,
+    report: impl FnOnce() -> super::error::RaceReport,
+    claim: impl FnOnce(usize) -> bool,
+) -> bool {
+    let word = addr & !7;
     let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
     if !seen.get_or_insert_with(HashSet::new).insert(word) {
         return false;
@@ -45,6 +50,7 @@ pub(crate) fn report_once(r: &super::error::RaceReport, claim: impl FnOnce(usize
     if !claim(word) {
         return false;
     }
+    let r = report();
     super::team::report_line(&format!(
         "menps-dsm: {r}. Process {}'s value is kept and the run goes on \
          (MENPS_DSM_ON_RACE=report; each racing word is reported once)",

@@ -22,6 +22,8 @@ pub(crate) struct StackLive {
     stride: usize,
     guard: usize,
     slot_size: usize,
+    /// Coherence block size of the stacks.
+    block_size: usize,
     /// Per slot: the lowest address that may hold live data.
     lows: Box<[AtomicUsize]>,
 }
@@ -42,6 +44,7 @@ impl StackLive {
             stride: stride.max(slots.slot_size() + guard),
             guard,
             slot_size: slots.slot_size(),
+            block_size: slots.region().block_size,
             lows: (0..n).map(|_| AtomicUsize::new(0)).collect(),
         })
     }
@@ -62,9 +65,9 @@ impl StackLive {
         }
     }
 
-    /// Whether `[addr, addr + len)` lies wholly in dead stack memory, for a
+    /// Whether the block at `addr` lies wholly in dead stack memory, for a
     /// release run by a thread whose stack pointer is `sp`.
-    pub(crate) fn is_dead(&self, addr: usize, len: usize, sp: usize) -> bool {
+    pub(crate) fn is_dead(&self, addr: usize, sp: usize) -> bool {
         let Some((i, lo, hi)) = self.slot_of(addr) else {
             return false;
         };
@@ -73,7 +76,7 @@ impl StackLive {
         } else {
             self.lows[i].load(Ordering::Acquire)
         };
-        addr + len <= low
+        addr + self.block_size <= low
     }
 }
 
@@ -95,6 +98,7 @@ mod tests {
             stride: 0x2_0000,
             guard: 0x1_0000,
             slot_size: 0x1_0000,
+            block_size: 0x2000,
             lows: (0..2).map(|_| AtomicUsize::new(0)).collect(),
         }
     }
@@ -103,15 +107,15 @@ mod tests {
     fn blocks_below_a_recorded_low_are_dead() {
         let l = live();
         let slot1 = 0x10_0000 + 0x2_0000 + 0x1_0000;
-        assert!(!l.is_dead(slot1, 0x2000, 0), "all live at first");
+        assert!(!l.is_dead(slot1, 0), "all live at first");
         l.set_low(slot1 + 0x8000, slot1 + 0x5000);
-        assert!(l.is_dead(slot1, 0x2000, 0));
-        assert!(l.is_dead(slot1 + 0x2000, 0x2000, 0), "ends at 0x4000");
-        assert!(!l.is_dead(slot1 + 0x4000, 0x2000, 0), "holds the low");
+        assert!(l.is_dead(slot1, 0));
+        assert!(l.is_dead(slot1 + 0x2000, 0), "ends at 0x4000");
+        assert!(!l.is_dead(slot1 + 0x4000, 0), "holds the low");
         l.set_low(slot1, usize::MAX);
-        assert!(l.is_dead(slot1 + 0xe000, 0x2000, 0), "finished: all dead");
+        assert!(l.is_dead(slot1 + 0xe000, 0), "finished: all dead");
         l.set_low(slot1, 0);
-        assert!(!l.is_dead(slot1, 0x2000, 0));
+        assert!(!l.is_dead(slot1, 0));
     }
 
     #[test]
@@ -119,21 +123,21 @@ mod tests {
         let l = live();
         let slot0 = 0x10_0000 + 0x1_0000;
         // Recorded as running (all live), but the release runs on it.
-        assert!(l.is_dead(slot0, 0x2000, slot0 + 0x3000));
-        assert!(!l.is_dead(slot0 + 0x2000, 0x2000, slot0 + 0x3000));
+        assert!(l.is_dead(slot0, slot0 + 0x3000));
+        assert!(!l.is_dead(slot0 + 0x2000, slot0 + 0x3000));
         // Another slot's stack pointer says nothing about this one.
-        assert!(!l.is_dead(slot0, 0x2000, slot0 + 0x2_0000 + 0x3000));
+        assert!(!l.is_dead(slot0, slot0 + 0x2_0000 + 0x3000));
     }
 
     #[test]
     fn memory_outside_our_slots_is_never_dead() {
         let l = live();
         l.set_low(0x10_0000 + 0x1_0000, usize::MAX);
-        assert!(!l.is_dead(0x10_0000, 0x1000, 0), "a guard block");
+        assert!(!l.is_dead(0x10_0000, 0), "a guard block");
         assert!(
-            !l.is_dead(0x10_0000 + 0x4_0000 + 0x1_0000, 0x1000, 0),
+            !l.is_dead(0x10_0000 + 0x4_0000 + 0x1_0000, 0),
             "past our slots"
         );
-        assert!(!l.is_dead(0x1000, 0x1000, 0), "below the region");
+        assert!(!l.is_dead(0x1000, 0), "below the region");
     }
 }

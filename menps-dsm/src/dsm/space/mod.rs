@@ -489,11 +489,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if detect && self.cfg.on_race == RaceAction::Report {
             if let Some((fixed, races)) = diff::keep_ours(data, twin, other) {
                 for r in races {
-                    let report = self.race_report(seg, idx, r, remote_rank);
                     // A failed claim (a dead peer) reports anyway.
-                    super::race::report_once(&report, |w| {
-                        self.claim_race_report(w).unwrap_or(true)
-                    });
+                    super::race::report_once(
+                        seg.app(idx) + r.offset,
+                        || self.race_report(seg, idx, r, remote_rank),
+                        |w| self.claim_race_report(w).unwrap_or(true),
+                    );
                 }
                 return Ok(merge(data, twin, &fixed, false).expect("merges without detection"));
             }

@@ -42,9 +42,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if let Some(live) = self.stack_live.get() {
             let sp = super::live::stack_pointer();
             blocks.retain(|&a| {
-                let d = self
-                    .block_size_at(a)
-                    .is_some_and(|bs| live.is_dead(a, bs, sp));
+                let d = live.is_dead(a, sp);
                 if d {
                     dead.push(a);
                 }
