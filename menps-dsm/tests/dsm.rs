@@ -57,6 +57,11 @@ fn producer_consumer_all_policies() {
 }
 
 #[test]
+fn phased_writers_all_policies() {
+    run_everywhere("phased_writers", &[2, 3]);
+}
+
+#[test]
 fn false_sharing_all_policies() {
     run_everywhere("false_sharing", &[2, 3, 4]);
 }

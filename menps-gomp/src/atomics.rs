@@ -245,6 +245,7 @@ unsafe extern "C" fn on_trap(_sig: c_int, _info: *mut libc::siginfo_t, uctx: *mu
     // and nothing here needs a destructor.
     let _ = unsafe {
         ct_context::trap::run_on_interrupted_stack_with(uctx, move |uc| {
+            let _errno = crate::errno::KeepErrno::new();
             if patch.fence {
                 flush(uc, patch)
             } else {
@@ -265,12 +266,14 @@ std::thread_local! {
 /// after it.
 fn flush(uc: *mut libc::ucontext_t, patch: &Patch) {
     core::sync::atomic::fence(Ordering::SeqCst);
+    // SAFETY: the relocated frame of the interrupted code.
+    let program_sp = unsafe { (*uc).uc_mcontext.gregs[libc::REG_RSP as usize] } as usize;
     match menps_omp::internals::runtime().filter(|rt| rt.dsm.nprocs() > 1) {
         Some(rt) => {
             let productive = {
                 let _rt = RuntimeGuard::enter();
                 rt.dsm
-                    .flush()
+                    .flush_from(program_sp)
                     .unwrap_or_else(|e| die(format_args!("flush: {e}")))
             };
             let mut w = FLUSH_WAIT.take();

@@ -52,6 +52,7 @@
 
 pub mod api;
 pub mod atomics;
+mod errno;
 pub mod heap;
 pub mod image;
 pub mod loops;

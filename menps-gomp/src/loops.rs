@@ -703,6 +703,7 @@ pub extern "C" fn GOMP_loop_end_cancel() -> bool {
 /// `GOMP_ordered_start`: waits for this chunk's turn.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_ordered_start() {
+    let _errno = crate::errno::KeepErrno::new();
     let ct = me("GOMP_ordered_start");
     let lp = ct.lp.get();
     if !lp.ordered || !lp.ord_open {
@@ -720,6 +721,7 @@ pub extern "C" fn GOMP_ordered_start() {
 /// `GOMP_ordered_end`: the ordered part of this iteration is done.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_ordered_end() {
+    let _errno = crate::errno::KeepErrno::new();
     let ct = me("GOMP_ordered_end");
     if ct.lp.get().shared && rt().dsm.nprocs() > 1 {
         crate::sync::release(crate::sync::ORDERED_KEY, "ordered");

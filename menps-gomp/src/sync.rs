@@ -8,6 +8,7 @@
 //! what the previous holder wrote is visible to the next. A held mutex is
 //! kept in this process's table until it is released.
 
+use crate::errno::KeepErrno;
 use core::ffi::{c_int, c_void};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -56,6 +57,7 @@ pub(crate) fn release(key: u64, what: &str) {
 /// The team barrier of `ct`: its tasks complete first, as every task of
 /// the team must at a barrier.
 pub(crate) fn team_barrier(ct: &CThread) {
+    let _errno = KeepErrno::new();
     crate::tasks::wait_children(&ct.task);
     if let Some(tt) = ct.team() {
         crate::start::flush_output();
@@ -106,12 +108,14 @@ pub extern "C" fn GOMP_cancel(_which: c_int, do_cancel: bool) -> bool {
 /// `GOMP_critical_start`: the unnamed critical section.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_critical_start() {
+    let _errno = KeepErrno::new();
     hold(name_key(""), "critical section");
 }
 
 /// `GOMP_critical_end`.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_critical_end() {
+    let _errno = KeepErrno::new();
     release(name_key(""), "critical section");
 }
 
@@ -120,12 +124,14 @@ pub extern "C" fn GOMP_critical_end() {
 /// address in every process).
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_critical_name_start(pptr: *mut *mut c_void) {
+    let _errno = KeepErrno::new();
     hold(pptr as u64, "named critical section");
 }
 
 /// `GOMP_critical_name_end`.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_critical_name_end(pptr: *mut *mut c_void) {
+    let _errno = KeepErrno::new();
     release(pptr as u64, "named critical section");
 }
 
@@ -133,12 +139,14 @@ pub extern "C" fn GOMP_critical_name_end(pptr: *mut *mut c_void) {
 /// one instruction.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_atomic_start() {
+    let _errno = KeepErrno::new();
     hold(name_key("\0atomic"), "atomic");
 }
 
 /// `GOMP_atomic_end`.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_atomic_end() {
+    let _errno = KeepErrno::new();
     release(name_key("\0atomic"), "atomic");
 }
 
@@ -159,6 +167,7 @@ fn single_first(ct: &CThread) -> (bool, Option<u64>) {
 /// `GOMP_single_start`: true on the one thread that runs the `single`.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_single_start() -> bool {
+    let _errno = KeepErrno::new();
     let Some(ct) = current_thread() else {
         return true;
     };
@@ -175,6 +184,7 @@ pub extern "C" fn GOMP_single_start() -> bool {
 /// address of the data it copies out.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_single_copy_start() -> *mut c_void {
+    let _errno = KeepErrno::new();
     let Some(ct) = current_thread() else {
         return core::ptr::null_mut();
     };
@@ -199,6 +209,7 @@ pub extern "C" fn GOMP_single_copy_start() -> *mut c_void {
 /// `data` to the other threads.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_single_copy_end(data: *mut c_void) {
+    let _errno = KeepErrno::new();
     let Some(ct) = current_thread() else { return };
     if ct.num_threads == 1 {
         return;
@@ -294,18 +305,21 @@ pub extern "C" fn omp_destroy_lock(_lock: *mut c_void) {}
 /// `omp_set_lock`.
 #[unsafe(no_mangle)]
 pub extern "C" fn omp_set_lock(lock: *mut c_void) {
+    let _errno = KeepErrno::new();
     lock_acquire(lock, "omp_set_lock");
 }
 
 /// `omp_unset_lock`.
 #[unsafe(no_mangle)]
 pub extern "C" fn omp_unset_lock(lock: *mut c_void) {
+    let _errno = KeepErrno::new();
     lock_release(lock, "omp_unset_lock");
 }
 
 /// `omp_test_lock`: 1 if the lock was free and is now held.
 #[unsafe(no_mangle)]
 pub extern "C" fn omp_test_lock(lock: *mut c_void) -> c_int {
+    let _errno = KeepErrno::new();
     c_int::from(lock_try(lock, "omp_test_lock"))
 }
 
@@ -348,6 +362,7 @@ pub extern "C" fn omp_destroy_nest_lock(_lock: *mut c_void) {}
 /// `omp_set_nest_lock`: the owner may set it again.
 #[unsafe(no_mangle)]
 pub extern "C" fn omp_set_nest_lock(lock: *mut c_void) {
+    let _errno = KeepErrno::new();
     let (key, me) = (lock as u64, task_id());
     if let Some((owner, depth)) = nested_state(key)
         && owner == me
@@ -361,6 +376,7 @@ pub extern "C" fn omp_set_nest_lock(lock: *mut c_void) {
 /// `omp_unset_nest_lock`.
 #[unsafe(no_mangle)]
 pub extern "C" fn omp_unset_nest_lock(lock: *mut c_void) {
+    let _errno = KeepErrno::new();
     let (key, me) = (lock as u64, task_id());
     match nested_state(key) {
         Some((owner, depth)) if owner == me && depth > 1 => {
@@ -378,6 +394,7 @@ pub extern "C" fn omp_unset_nest_lock(lock: *mut c_void) {
 /// caller, 0 otherwise.
 #[unsafe(no_mangle)]
 pub extern "C" fn omp_test_nest_lock(lock: *mut c_void) -> c_int {
+    let _errno = KeepErrno::new();
     let (key, me) = (lock as u64, task_id());
     if let Some((owner, depth)) = nested_state(key) {
         if owner == me {

@@ -23,6 +23,7 @@
 //! end of a `taskgroup` join the children created since, and a team thread
 //! joins its children before every barrier and at the region's end.
 
+use crate::errno::KeepErrno;
 use core::ffi::{c_int, c_long, c_uint, c_void};
 
 use core::alloc::Layout;
@@ -277,6 +278,7 @@ pub(crate) fn wait_children(task: &Task) {
 /// `GOMP_taskwait`: waits for the children of the running task.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_taskwait() {
+    let _errno = KeepErrno::new();
     if let Some(t) = current_task() {
         wait_children(t);
     }
@@ -285,6 +287,7 @@ pub extern "C" fn GOMP_taskwait() {
 /// `GOMP_taskyield`: lets other tasks run.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_taskyield() {
+    let _errno = KeepErrno::new();
     if ct_worker::current_thread_id().is_some() {
         ct_worker::yield_now_in::<TeamConfig>();
     }
@@ -307,6 +310,7 @@ pub extern "C" fn GOMP_taskgroup_start() {
 /// their descendants.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_taskgroup_end() {
+    let _errno = KeepErrno::new();
     let Some(t) = current_task() else { return };
     let from = {
         let _rt = RuntimeGuard::enter();

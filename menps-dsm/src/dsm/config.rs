@@ -107,6 +107,9 @@ pub struct DsmConfig {
     pub wr_count_threshold: u32,
     /// Largest number of consecutive fast releases of a block.
     pub max_fast_releases: u32,
+    /// Print this process's protocol counters ([`StatsSnapshot`](super::StatsSnapshot))
+    /// to standard error when the DSM is finalized (`MENPS_STATS`).
+    pub print_stats: bool,
 }
 
 impl Default for DsmConfig {
@@ -128,6 +131,7 @@ impl Default for DsmConfig {
             stacks_per_process: 32,
             wr_count_threshold: 2,
             max_fast_releases: 64,
+            print_stats: false,
         }
     }
 }
@@ -182,6 +186,7 @@ impl DsmConfig {
             ("MENPS_DSM_FAST_RELEASE", &mut self.fast_release),
             ("MENPS_DSM_FAST_READ", &mut self.fast_read),
             ("MENPS_DSM_RACE_DETECTION", &mut self.race_detection),
+            ("MENPS_STATS", &mut self.print_stats),
         ] {
             if let Some(v) = var(name) {
                 *slot = parse_bool(name, &v)?;

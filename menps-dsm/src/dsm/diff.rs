@@ -11,7 +11,10 @@
 //!
 //! The loops work on 64-bit words and compile to SIMD. They need exclusive
 //! access to the buffers they write (callers protect the block first or work
-//! on blocks the application cannot touch).
+//! on blocks the application cannot touch), except [`write_merge`]'s `data`,
+//! which this process's threads may write meanwhile.
+
+use core::sync::atomic::{AtomicU64, Ordering};
 
 /// Where a merge found both sides changing the same byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,14 +152,21 @@ pub fn write_merge(
     for range in chunks(n) {
         check_chunk(data, twin, other, range.clone(), detect, &mut changed)?;
         for i in range {
-            // Only words the other side changed are rewritten in `data`, so
-            // a word this process is writing concurrently (a pinned call
-            // stack's live frame) is never overwritten with an older value.
+            // Only words the other side changed are rewritten in `data`, and
+            // each with one atomic xor, so a word (or another byte of a
+            // word) this process is writing concurrently — a pinned call
+            // stack's live frame, a writable block merged without
+            // protecting it — is never overwritten with an older value.
             let r = other[i] ^ twin[i];
-            let m = data[i] ^ r;
-            if r != 0 {
-                data[i] = m;
-            }
+            let m = if r != 0 {
+                // SAFETY: `data[i]` is a valid, aligned word; other threads
+                // of this process may store to it concurrently, so it is
+                // accessed atomically here.
+                let w = unsafe { AtomicU64::from_ptr(&mut data[i]) };
+                w.fetch_xor(r, Ordering::Relaxed) ^ r
+            } else {
+                data[i]
+            };
             twin[i] = m;
         }
     }

@@ -198,7 +198,15 @@ unsafe fn hook(_sig: libc::c_int, info: *mut libc::siginfo_t, uctx: *mut libc::c
 }
 
 /// Runs on the faulting stack: resolves the miss (or ends the process).
+///
+/// The interrupted code's `errno` is kept: resolving makes system calls
+/// (`mprotect`, futex waits …) that may set it, and the program may be
+/// between a failing call and its look at `errno`. The value is written back
+/// through the location of the thread that finishes the fault (a user-level
+/// thread may resume on another OS thread).
 fn resolve_on_faulting_stack(addr: usize, write: bool) {
+    // SAFETY: the calling thread's errno.
+    let saved_errno = unsafe { *libc::__errno_location() };
     let r = RESOLVER.load(Ordering::Acquire);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: as in `hook`: the resolver outlives every fault.
@@ -214,6 +222,8 @@ fn resolve_on_faulting_stack(addr: usize, write: bool) {
         }
     }
     FAULTS.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: the calling thread's errno.
+    unsafe { *libc::__errno_location() = saved_errno };
 }
 
 fn fail(addr: usize, e: &DsmError) -> ! {

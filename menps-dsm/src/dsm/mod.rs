@@ -30,9 +30,16 @@
 //!   policies are there for comparison.
 //! - **Fast release**: a block that has not migrated since this process's
 //!   last transaction (its queue-lock word still says so) is released
-//!   without the lock and without copying its twin; its write notice carries
-//!   a fresh interval (the original published the previous one on some
-//!   paths, a stale-read hole this implementation closes).
+//!   without the lock; its write notice carries a fresh interval (the
+//!   original published the previous one on some paths, a stale-read hole
+//!   this implementation closes). Its twin becomes the released version, so
+//!   a later release that finds the block unchanged (an OpenMP array
+//!   written in one phase, released at every barrier of the others) is
+//!   *idle*: it announces nothing, and readers keep their copies; a block
+//!   idle at several releases in a row is protected and leaves the write
+//!   set. A merge with another process's version rewrites only the words
+//!   that version changed, one atomic operation each, so a writable block
+//!   is merged without stopping its local writers.
 //! - **Two-way merging**: invalidating a block with local changes keeps them
 //!   (`InvalidDirty`) and merges them at the next release.
 //!
@@ -286,6 +293,22 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         self.space.flush()
     }
 
+    /// [`flush`](Self::flush) for a language runtime that flushes on behalf
+    /// of a program: `program_sp` is the calling thread's stack pointer
+    /// where the program entered the runtime (a trapped fence, a runtime
+    /// call). The stack below it — the runtime's own frames, and the
+    /// x86-64 red zone's 128 bytes excepted — is not published, so a thread
+    /// that waits for a flag by flushing in a loop finds nothing new to
+    /// publish and may back off, instead of announcing its stack at every
+    /// turn.
+    pub fn flush_from(&self, program_sp: usize) -> DsmResult<bool> {
+        let floor = program_sp.saturating_sub(RED_ZONE);
+        self.space.set_stack_floor(program_sp, floor);
+        let r = self.space.flush();
+        self.space.set_stack_floor(program_sp, 0);
+        r
+    }
+
     /// Allocates a DSM mutex (not collective; share its id).
     pub fn new_mutex(&self) -> DsmResult<DsmMutex> {
         self.space.mutex_alloc().map(DsmMutex)
@@ -414,6 +437,11 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         self.done = true;
         process::unregister();
         let r = self.space.barrier();
+        if self.config().print_stats {
+            // One write, so that the lines of several processes do not mix.
+            let line = format!("menps: process {}: {}\n", self.rank(), self.space.stats());
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
+        }
         fault::unregister();
         // SAFETY: the space was leaked in `with_config`; the hook no longer
         // reaches it and `self` (the only handle) is consumed.
@@ -421,6 +449,9 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         r
     }
 }
+
+/// Bytes below the stack pointer that x86-64 code may use without moving it.
+const RED_ZONE: usize = 128;
 
 impl<C: Communicator + 'static, U: UltItf> Drop for Dsm<C, U> {
     fn drop(&mut self) {

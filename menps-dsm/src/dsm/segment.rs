@@ -101,8 +101,12 @@ pub(crate) struct BlockMeta {
     pub fast_rel_count: u32,
     /// Fast releases allowed before the next transaction (0 = 1).
     pub fast_rel_threshold: u32,
-    /// We were the last writer at our last transaction and the block was
-    /// not updated remotely: fast release may apply.
+    /// Releases in a row that found the writable block unchanged since
+    /// the previous one (and so announced nothing).
+    pub idle_releases: u32,
+    /// Our last transaction left us the last writer (our copy is the
+    /// latest version and our LAD slot describes it): fast release may
+    /// apply while the lock stays here.
     pub written_last: bool,
     /// Listed in the write set.
     pub in_write_set: bool,

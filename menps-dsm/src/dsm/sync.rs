@@ -34,7 +34,7 @@ use super::error::{DsmError, DsmResult};
 use super::layout::MAX_SEGMENTS;
 use super::qlock::{self, Granted, LockSite};
 use super::signature::{HEADER_BYTES, Signature, WriteNotice};
-use super::space::{AtomicOp, DSM_TAG_BIT, Space};
+use super::space::{AtomicOp, DSM_TAG_BIT, Space, Timed};
 
 /// Sync slots for atomics.
 pub(crate) const ATOMIC_SLOTS: usize = 64;
@@ -174,6 +174,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     fn barrier_inner(&self) -> DsmResult<()> {
         let s = self.sync();
         let mut epoch = s.epoch.lock();
+        let stats = &self.stats;
+        stats
+            .barriers
+            .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        let _t = Timed::new(&stats.barrier_ns);
         self.release_fence()?;
         let cap = self.cfg.effective_wn_list_len();
         let mut mine = core::mem::replace(&mut *self.rel_sig.lock(), Signature::new(cap));
@@ -181,7 +186,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let off = ((*epoch % 2) as usize * s.sig_bytes) as u64;
         self.com.write(s.sig_win.at(self.rank, off), &bytes)?;
         self.com.flush(self.rank)?;
-        self.com.barrier()?;
+        {
+            let _w = Timed::new(&stats.barrier_wait_ns);
+            self.com.barrier()?;
+        }
         let mut min = 0;
         for q in 0..self.nprocs {
             if q == self.rank {
@@ -216,6 +224,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     fn flush_inner(&self) -> DsmResult<bool> {
         let s = self.sync();
         let mut fl = s.flush.lock();
+        let stats = &self.stats;
+        stats
+            .flushes
+            .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
         self.release_fence()?;
         if self.cfg.invalidation == InvalidationPolicy::Directory {
             // Invalidations arrive in our queue: draining it is the acquire.

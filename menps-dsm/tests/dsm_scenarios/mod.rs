@@ -50,6 +50,7 @@ pub fn job_entry() {
         "mutex_increments" => mutex_increments(&dsm),
         "atomic_increments" => atomic_increments(&dsm),
         "single_writer" => single_writer(&dsm),
+        "phased_writers" => phased_writers(&dsm),
         "race" => race(&dsm),
         "races_reported" => races_reported(&dsm),
         "single_writer_mutex" => single_writer_mutex(&dsm),
@@ -115,12 +116,14 @@ fn produce_consume(dsm: &D, len: usize, block: usize) {
 
 /// Writers own disjoint stripes of one 32 KiB block, cyclically by process;
 /// after every round each process checks the whole block, and at the end
-/// the contents are exact. Stripe sizes 8 B .. 32 KiB.
+/// the contents are exact. Stripe sizes 1 B .. 32 KiB.
 fn false_sharing(dsm: &D) {
     let (me, n) = (dsm.rank(), dsm.nprocs());
     let block = 32 * 1024;
-    let base = dsm.alloc_segment(block * 5, block).unwrap();
-    for (k, stripe) in [8usize, 64, 512, 4096, 32768].into_iter().enumerate() {
+    let base = dsm.alloc_segment(block * 7, block).unwrap();
+    // Stripes of 1 and 2 bytes: processes write different bytes of the
+    // same words (the merge must not lose a byte of one word).
+    for (k, stripe) in [1usize, 2, 8, 64, 512, 4096, 32768].into_iter().enumerate() {
         // SAFETY: inside the segment.
         let p = unsafe { base.add(k * block) };
         let stripes = block / stripe;
@@ -264,6 +267,71 @@ fn single_writer(dsm: &D) {
             "process {me} read a stale value at iteration {it}"
         );
         dsm.barrier().unwrap();
+    }
+}
+
+/// OpenMP-style phases: in each round every process writes its own block
+/// (4 KiB blocks) in the first phase only, and every process reads every
+/// block after each of the round's first five barriers (a sixth ends the
+/// round). The values are checked
+/// everywhere; under the default protocol (floating writer, hybrid
+/// invalidation, fast release) a block nobody wrote since the last barrier
+/// must not be announced again, so a reader's copy survives the round's
+/// later barriers: one read miss per foreign block and round, not five.
+fn phased_writers(dsm: &D) {
+    const ROUNDS: u64 = 40;
+    const PHASES: usize = 5;
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let block = 4096;
+    let p = dsm.alloc_segment(n * block, block).unwrap() as *mut u64;
+    let words = block / 8;
+    let before = dsm.stats();
+    for round in 1..=ROUNDS {
+        for phase in 0..PHASES {
+            if phase == 0 {
+                for i in 0..words {
+                    // SAFETY: block `me` is written by this process only.
+                    unsafe {
+                        p.add(me * words + i)
+                            .write(round * 1000 + (me * words + i) as u64)
+                    };
+                }
+            }
+            dsm.barrier().unwrap();
+            for q in 0..n {
+                for i in [0, words / 2, words - 1] {
+                    let at = q * words + i;
+                    // SAFETY: written before the barrier, not during this phase.
+                    let v = unsafe { p.add(at).read() };
+                    assert_eq!(
+                        v,
+                        round * 1000 + at as u64,
+                        "process {me}, round {round} phase {phase}: block {q} word {i}"
+                    );
+                }
+            }
+        }
+        // Everybody has read before the next round's writes.
+        dsm.barrier().unwrap();
+    }
+    let cfg = dsm.config();
+    let default_protocol =
+        cfg.fast_release_active() && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid;
+    if default_protocol {
+        let after = dsm.stats();
+        let misses = after.read_faults - before.read_faults;
+        // One miss per foreign block and round, plus a few for leases and
+        // the first round.
+        let bound = (n - 1) * ROUNDS as usize + 4 * n;
+        assert!(
+            misses <= bound,
+            "process {me}: {misses} read misses in {ROUNDS} rounds of {n} blocks (at most \
+             {bound} expected): idle blocks were announced again; {after}"
+        );
+        assert!(
+            after.idle_releases - before.idle_releases >= (PHASES - 1) * ROUNDS as usize,
+            "process {me}: too few idle releases: {after}"
+        );
     }
 }
 

@@ -26,6 +26,10 @@ pub(crate) struct StackLive {
     block_size: usize,
     /// Per slot: the lowest address that may hold live data.
     lows: Box<[AtomicUsize]>,
+    /// Per slot: while the thread on it is inside the runtime, the lowest
+    /// address of its *program's* frames (0: none set). What lies below is
+    /// the runtime's own frames, which no other thread reads.
+    floors: Box<[AtomicUsize]>,
 }
 
 impl StackLive {
@@ -46,6 +50,7 @@ impl StackLive {
             slot_size: slots.slot_size(),
             block_size: slots.region().block_size,
             lows: (0..n).map(|_| AtomicUsize::new(0)).collect(),
+            floors: (0..n).map(|_| AtomicUsize::new(0)).collect(),
         })
     }
 
@@ -65,18 +70,42 @@ impl StackLive {
         }
     }
 
-    /// Whether the block at `addr` lies wholly in dead stack memory, for a
-    /// release run by a thread whose stack pointer is `sp`.
-    pub(crate) fn is_dead(&self, addr: usize, sp: usize) -> bool {
-        let Some((i, lo, hi)) = self.slot_of(addr) else {
-            return false;
-        };
+    /// Records that the thread on the stack holding `addr` is inside the
+    /// runtime and its program's frames end at `floor` (0: it left the
+    /// runtime). No-op outside our slots.
+    pub(crate) fn set_floor(&self, addr: usize, floor: usize) {
+        if let Some((i, _, _)) = self.slot_of(addr) {
+            self.floors[i].store(floor, Ordering::Release);
+        }
+    }
+
+    /// The lowest address of the stack holding `addr` that may hold live
+    /// data, for a release run by a thread whose stack pointer is `sp`
+    /// (`None` outside our slots).
+    fn live_low(&self, addr: usize, sp: usize) -> Option<usize> {
+        let (i, lo, hi) = self.slot_of(addr)?;
         let low = if (lo..hi).contains(&sp) {
             sp
         } else {
             self.lows[i].load(Ordering::Acquire)
         };
-        addr + self.block_size <= low
+        Some(low.max(self.floors[i].load(Ordering::Acquire)))
+    }
+
+    /// Whether the block at `addr` lies wholly in dead stack memory, for a
+    /// release run by a thread whose stack pointer is `sp`.
+    pub(crate) fn is_dead(&self, addr: usize, sp: usize) -> bool {
+        self.live_low(addr, sp)
+            .is_some_and(|low| addr + self.block_size <= low)
+    }
+
+    /// How many bytes at the start of the block at `addr` are dead stack
+    /// memory (a multiple of 8; 0 outside our slots), for a release run by
+    /// a thread whose stack pointer is `sp`.
+    pub(crate) fn dead_prefix(&self, addr: usize, sp: usize) -> usize {
+        self.live_low(addr, sp).map_or(0, |low| {
+            (low.saturating_sub(addr) & !7).min(self.block_size)
+        })
     }
 }
 
@@ -100,6 +129,7 @@ mod tests {
             slot_size: 0x1_0000,
             block_size: 0x2000,
             lows: (0..2).map(|_| AtomicUsize::new(0)).collect(),
+            floors: (0..2).map(|_| AtomicUsize::new(0)).collect(),
         }
     }
 
@@ -127,6 +157,28 @@ mod tests {
         assert!(!l.is_dead(slot0 + 0x2000, slot0 + 0x3000));
         // Another slot's stack pointer says nothing about this one.
         assert!(!l.is_dead(slot0, slot0 + 0x2_0000 + 0x3000));
+    }
+
+    #[test]
+    fn a_floor_hides_the_runtime_frames_below_the_program() {
+        let l = live();
+        let slot0 = 0x10_0000 + 0x1_0000;
+        // The thread runs deep in the runtime (sp at 0x1000), its program's
+        // frames end at 0x5100.
+        let sp = slot0 + 0x1000;
+        assert!(!l.is_dead(slot0, sp));
+        l.set_floor(slot0 + 0x100, slot0 + 0x5100);
+        assert!(l.is_dead(slot0, sp));
+        assert!(l.is_dead(slot0 + 0x2000, sp));
+        assert!(!l.is_dead(slot0 + 0x4000, sp));
+        assert_eq!(l.dead_prefix(slot0 + 0x4000, sp), 0x1100);
+        assert_eq!(l.dead_prefix(slot0 + 0x6000, sp), 0);
+        assert_eq!(l.dead_prefix(slot0, sp), 0x2000);
+        // Back in the program.
+        l.set_floor(slot0, 0);
+        assert_eq!(l.dead_prefix(slot0, sp), 0x1000);
+        assert!(!l.is_dead(slot0, sp));
+        assert_eq!(l.dead_prefix(0x1000, sp), 0, "outside our slots");
     }
 
     #[test]

@@ -103,12 +103,29 @@ pub struct Stats {
     pub transactions: AtomicUsize,
     /// Releases that skipped the global lock.
     pub fast_releases: AtomicUsize,
+    /// Releases of writable blocks unchanged since the previous release.
+    pub idle_releases: AtomicUsize,
     /// Misses served by one read from a write notice's writer.
     pub fast_reads: AtomicUsize,
     /// Blocks invalidated.
     pub invalidations: AtomicUsize,
     /// Bytes fetched from other processes' copies.
     pub bytes_fetched: AtomicUsize,
+    /// DSM barriers.
+    pub barriers: AtomicUsize,
+    /// Flushes.
+    pub flushes: AtomicUsize,
+    /// Nanoseconds spent resolving faults.
+    pub fault_ns: AtomicU64,
+    /// Nanoseconds spent in release fences.
+    pub release_ns: AtomicU64,
+    /// Nanoseconds spent applying acquires (invalidations).
+    pub acquire_ns: AtomicU64,
+    /// Nanoseconds spent in DSM barriers (release and acquire included).
+    pub barrier_ns: AtomicU64,
+    /// Nanoseconds spent in DSM barriers waiting for the other processes
+    /// (the communication layer's barrier).
+    pub barrier_wait_ns: AtomicU64,
 }
 
 /// Counters as plain numbers.
@@ -122,26 +139,104 @@ pub struct StatsSnapshot {
     pub transactions: usize,
     /// Releases that skipped the global lock.
     pub fast_releases: usize,
+    /// Releases of writable blocks unchanged since the previous release
+    /// (nothing announced).
+    pub idle_releases: usize,
     /// Misses served by one read from a write notice's writer.
     pub fast_reads: usize,
     /// Blocks invalidated.
     pub invalidations: usize,
     /// Bytes fetched from other processes' copies.
     pub bytes_fetched: usize,
+    /// DSM barriers.
+    pub barriers: usize,
+    /// Flushes.
+    pub flushes: usize,
+    /// Nanoseconds spent resolving faults (by every thread of the process).
+    pub fault_ns: u64,
+    /// Nanoseconds spent in release fences (also those inside barriers).
+    pub release_ns: u64,
+    /// Nanoseconds spent applying acquires (also those inside barriers).
+    pub acquire_ns: u64,
+    /// Nanoseconds spent in DSM barriers, waiting included.
+    pub barrier_ns: u64,
+    /// Nanoseconds of `barrier_ns` spent waiting for the other processes.
+    pub barrier_wait_ns: u64,
+}
+
+impl core::fmt::Display for StatsSnapshot {
+    /// One line of `name=value` pairs; times in milliseconds.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        write!(
+            f,
+            "read_faults={} write_faults={} transactions={} fast_releases={} idle_releases={} \
+             fast_reads={} \
+             invalidations={} bytes_fetched={} barriers={} flushes={} fault_ms={:.3} \
+             release_ms={:.3} acquire_ms={:.3} barrier_ms={:.3} barrier_wait_ms={:.3}",
+            self.read_faults,
+            self.write_faults,
+            self.transactions,
+            self.fast_releases,
+            self.idle_releases,
+            self.fast_reads,
+            self.invalidations,
+            self.bytes_fetched,
+            self.barriers,
+            self.flushes,
+            ms(self.fault_ns),
+            ms(self.release_ns),
+            ms(self.acquire_ns),
+            ms(self.barrier_ns),
+            ms(self.barrier_wait_ns),
+        )
+    }
 }
 
 impl Stats {
     fn snapshot(&self) -> StatsSnapshot {
         let l = |a: &AtomicUsize| a.load(Ordering::Relaxed);
+        let t = |a: &AtomicU64| a.load(Ordering::Relaxed);
         StatsSnapshot {
             read_faults: l(&self.read_faults),
             write_faults: l(&self.write_faults),
             transactions: l(&self.transactions),
             fast_releases: l(&self.fast_releases),
+            idle_releases: l(&self.idle_releases),
             fast_reads: l(&self.fast_reads),
             invalidations: l(&self.invalidations),
             bytes_fetched: l(&self.bytes_fetched),
+            barriers: l(&self.barriers),
+            flushes: l(&self.flushes),
+            fault_ns: t(&self.fault_ns),
+            release_ns: t(&self.release_ns),
+            acquire_ns: t(&self.acquire_ns),
+            barrier_ns: t(&self.barrier_ns),
+            barrier_wait_ns: t(&self.barrier_wait_ns),
         }
+    }
+}
+
+/// Measures the time from its creation to its drop into a counter of
+/// nanoseconds.
+pub(crate) struct Timed<'a> {
+    start: std::time::Instant,
+    into: &'a AtomicU64,
+}
+
+impl<'a> Timed<'a> {
+    pub(crate) fn new(into: &'a AtomicU64) -> Self {
+        Timed {
+            start: std::time::Instant::now(),
+            into,
+        }
+    }
+}
+
+impl Drop for Timed<'_> {
+    fn drop(&mut self) {
+        let ns = self.start.elapsed().as_nanos() as u64;
+        self.into.fetch_add(ns, Ordering::Relaxed);
     }
 }
 
@@ -509,6 +604,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Resolves an access to `addr`.
     pub fn resolve(&self, addr: usize, write: bool) -> DsmResult<()> {
         let _rt = self.enter()?;
+        let _t = Timed::new(&self.stats.fault_ns);
         let (seg, idx) = self.locate(addr).ok_or_else(|| {
             DsmError::InvalidArgument(format!("{addr:#x} is not in a DSM segment"))
         })?;
@@ -689,6 +785,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     pub(crate) fn register_stacks(&self, slots: &crate::dsm::memory::SlotRegion) {
         if let Some(l) = StackLive::new(slots) {
             let _ = self.stack_live.set(l);
+        }
+    }
+
+    /// Records that the thread running on the stack holding `addr` is in
+    /// the runtime and its program's frames end at `floor` (0: back in the
+    /// program).
+    pub(crate) fn set_stack_floor(&self, addr: usize, floor: usize) {
+        if let Some(l) = self.stack_live.get() {
+            l.set_floor(addr, floor);
         }
     }
 

@@ -169,9 +169,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let remote = home != me;
         let thr = self.cfg.wr_count_threshold;
         let pinned = was == BlockState::Pinned;
-        // Stop local writers before merging remote changes into our copy (or
-        // when the block keeps being released without writes).
-        let protect_before = was == BlockState::Writable && (remote || m.wr_count >= thr);
+        // Stop local writers when the block keeps being released without
+        // writes, and before a fixed home's changes are merged into our copy.
+        // A floating merge (`diff::write_merge`) rewrites only the words the
+        // other version changed, each with one atomic operation, so local
+        // writers may go on meanwhile (a word they write after it reads the
+        // word stays in our diff; one it captures in the twin is covered by
+        // this transaction's write notice, pushed after).
+        let protect_before =
+            was == BlockState::Writable && ((remote && fixed) || m.wr_count >= thr);
         if protect_before {
             layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
         }
@@ -355,34 +361,81 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             m.fast_rel_threshold = 1;
         }
         m.fast_rel_count = 0;
-        m.written_last = written && !remote && !fixed;
+        m.idle_releases = 0;
+        // Whenever our copy is the latest version (also after a floating
+        // merge, or a transaction that found nothing written): our LAD slot
+        // describes it and the lock stays here.
+        m.written_last = !fixed && lad.last_writer == me as u64 + 1;
         Ok((old, written, exported && dirty, copied_back_to))
     }
 
     /// Fast release (Endo 2020 §3.4.6, Listing 3.1) of a writable block we
     /// were the last writer of: a new interval is stored in our own LAD slot
     /// and, if our lock word still says the lock is free here (nobody took
-    /// the block since), the release is complete without the global lock or
-    /// a twin copy. The write notice carries the *new* interval, so a reader
-    /// holding the previous version always drops it (the original published
-    /// the previous interval in some paths: a stale-read hole).
+    /// the block since), the release is complete without the global lock.
+    /// The write notice carries the *new* interval, so a reader holding the
+    /// previous version always drops it (the original published the
+    /// previous interval in some paths: a stale-read hole).
+    ///
+    /// The twin then becomes a copy of the released version, so that a
+    /// later release can tell whether anything was written since: an *idle*
+    /// release (the lock still here, the copy equal to its twin) announces
+    /// nothing at all — in an OpenMP program a block written in one phase
+    /// is released at every barrier of the others, and a new interval each
+    /// time made every reader drop its copy. After [`IDLE_RELEASES_MAX`]
+    /// idle releases in a row the block is protected and leaves the write
+    /// set, so blocks written once cost nothing at later releases.
     pub(super) fn fast_release(
         &self,
         seg: &Segment<U>,
         idx: usize,
         m: &mut BlockMeta,
     ) -> DsmResult<bool> {
-        if !(self.cfg.fast_release_active()
-            && m.state.writable()
-            && m.written_last
-            && m.fast_rel_count < m.fast_rel_threshold.max(1))
-        {
+        if !(self.cfg.fast_release_active() && m.state.writable() && m.written_last) {
             return Ok(false);
         }
         let site = self.block_site(seg, idx);
         let off = seg.meta_off(idx);
         // Cheap early exit: the lock has moved on.
         if !qlock::owned_here(&self.com, &site)? {
+            return Ok(false);
+        }
+        let bs = seg.block_size;
+        // SAFETY: this process's copy and twin of the block, under its entry
+        // lock. The twin is only written under the entry lock (or, by
+        // another process's copy-back, while that process holds the global
+        // lock, which our lock word says it does not). The copy may be
+        // written by this process's threads meanwhile: a word written after
+        // the comparison or the copy below is a write after this release,
+        // announced by a later one (see below).
+        let (data, twin) = unsafe {
+            (
+                diff::words_mut(seg.sys(idx), bs),
+                diff::words_mut(seg.twin_of(idx), bs),
+            )
+        };
+        // Only live memory counts: on a call stack, what lies below the
+        // thread's program frames changes with every call into the runtime
+        // (a thread waiting for a flag flushes in a loop) and nobody reads it.
+        let skip = self.stack_live.get().map_or(0, |l| {
+            l.dead_prefix(seg.app(idx), super::live::stack_pointer())
+        }) / 8;
+        if data[skip..] == twin[skip..] {
+            bump(&self.stats.idle_releases);
+            m.idle_releases += 1;
+            if m.idle_releases >= IDLE_RELEASES_MAX && m.state == BlockState::Writable {
+                // Nothing to announce and the latest version is ours:
+                // protecting needs no transaction. The next write faults
+                // and lists the block again. (Pinned blocks are never
+                // protected.)
+                layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
+                m.state = BlockState::ReadonlyClean;
+                m.in_write_set = false;
+                m.idle_releases = 0;
+            }
+            return Ok(true);
+        }
+        if m.fast_rel_count >= m.fast_rel_threshold.max(1) {
             return Ok(false);
         }
         let mut lad = self.read_lad(seg.meta_win, self.rank, off)?;
@@ -400,8 +453,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if !qlock::owned_here(&self.com, &site)? {
             return Ok(false);
         }
+        // The released version becomes the base of the next comparison. A
+        // word another thread of this process writes while we copy may land
+        // in the twin: it is then covered by the write notice pushed below
+        // (after the copy), which every later release of this process
+        // carries in its signature.
+        twin.copy_from_slice(data);
         bump(&self.stats.fast_releases);
         m.fast_rel_count += 1;
+        m.idle_releases = 0;
+        m.wr_count = 0;
         m.cur_wr = wr;
         m.cur_rd = rd;
         self.rel_sig
@@ -410,3 +471,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         Ok(true)
     }
 }
+
+/// Idle releases in a row after which a writable block is protected and
+/// leaves the write set (each idle release compares the block with its
+/// twin; an OpenMP loop phase writes its arrays once between a few
+/// barriers that do not touch them).
+const IDLE_RELEASES_MAX: u32 = 8;
