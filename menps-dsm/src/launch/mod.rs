@@ -1,7 +1,7 @@
 //! Starting and joining jobs.
 //!
-//! A *job* is N processes of one program that share a control memory (see
-//! [`crate::com::shm::control`]). A *launcher* creates it, starts the
+//! A *job* is N processes of one program that share a control memory (the
+//! shm backend's [`ShmCom`]). A *launcher* creates it, starts the
 //! processes, watches them and exits with their combined status:
 //!
 //! - **In the program itself**: [`init_or_relaunch`] (or [`Builder`]). Run
