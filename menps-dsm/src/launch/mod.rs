@@ -756,7 +756,7 @@ fn enforce_deadline(rank: usize, deadline: u64) {
             }
         });
     if let Err(e) = spawned {
-        eprintln!("menps: rank {rank}: cannot watch the job's time limit: {e}");
+        log::warn!("menps: rank {rank}: cannot watch the job's time limit: {e}");
     }
 }
 
