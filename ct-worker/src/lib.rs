@@ -97,6 +97,11 @@
 //! the workspace's other crates use them, but they are not part of the API
 //! and may change in any release.
 //!
+//! Non-fatal trouble (a runtime dropped from one of its own threads, a
+//! panicking ULT-local destructor) is reported through the `log` crate at
+//! `warn` level; a program without a logger of its own sees it after
+//! calling [`log_to_stderr`].
+//!
 //! # Thread-locals
 //!
 //! A user-level thread may resume on another OS thread after any blocking
