@@ -745,7 +745,7 @@ impl JsonParser<'_> {
     }
 }
 
-/// Minimal `--name value` argument parsing for benchmark binaries, which
+/// Minimal `--name value` argument parsing for benchmark binaries (on `lexopt`), which
 /// rejects what it does not know.
 ///
 /// Values are given as `--name value` or `--name=value`; a `--name` without
@@ -786,31 +786,55 @@ pub struct Args {
 }
 
 impl Args {
-    /// Parses `std::env::args()`.
+    /// Parses `std::env::args()`. A benchmark is a program: this also
+    /// sends the warnings the libraries report through `log` to stderr
+    /// (unless a logger is installed already).
     pub fn from_env() -> Self {
+        static WARNINGS: WarningsToStderr = WarningsToStderr;
+        if log::set_logger(&WARNINGS).is_ok() {
+            log::set_max_level(log::LevelFilter::Warn);
+        }
         Self::parse(std::env::args().skip(1))
     }
 
-    /// Parses an argument list.
+    /// Parses an argument list (with `lexopt`: `--name value`,
+    /// `--name=value`, `-h`; after `--`, everything is positional).
     pub fn parse(args: impl IntoIterator<Item = String>) -> Self {
+        use lexopt::Arg::{Long, Short, Value};
         let mut out = Args::default();
-        let mut it = args.into_iter().peekable();
-        while let Some(a) = it.next() {
-            if a == "--help" || a == "-h" {
-                out.help = true;
-            } else if a == "--bench" {
-                continue;
-            } else if let Some(name) = a.strip_prefix("--").filter(|n| !n.is_empty()) {
-                if let Some((k, v)) = name.split_once('=') {
-                    out.pairs.push((k.to_string(), v.to_string()));
-                } else if let Some(v) = it.next_if(|v| !v.starts_with("--")) {
-                    out.pairs.push((name.to_string(), v));
-                } else {
-                    out.pairs.push((name.to_string(), "true".to_string()));
+        let mut p = lexopt::Parser::from_args(args);
+        loop {
+            let name = match p.next() {
+                Ok(None) => break,
+                Ok(Some(Short('h') | Long("help"))) => {
+                    out.help = true;
+                    continue;
                 }
-            } else {
-                out.stray.push(a);
-            }
+                // Passed by `cargo bench` to harness-less targets.
+                Ok(Some(Long("bench"))) => continue,
+                Ok(Some(Long(name))) => name.to_string(),
+                Ok(Some(Short(c))) => {
+                    out.stray.push(format!("-{c}"));
+                    continue;
+                }
+                Ok(Some(Value(v))) => {
+                    out.stray.push(v.to_string_lossy().into_owned());
+                    continue;
+                }
+                Err(e) => {
+                    out.stray.push(e.to_string());
+                    continue;
+                }
+            };
+            // `--name=value`, else the next argument unless it is an option
+            // (`--name` alone is `true`).
+            let value = p.optional_value().or_else(|| {
+                p.try_raw_args()?
+                    .next_if(|v| !v.to_str().is_some_and(|v| v.starts_with("--")))
+            });
+            let value =
+                value.map_or_else(|| "true".to_string(), |v| v.to_string_lossy().into_owned());
+            out.pairs.push((name, value));
         }
         out
     }
@@ -942,6 +966,22 @@ impl Args {
             std::process::exit(2);
         }
     }
+}
+
+/// The benchmarks' `log` backend: warnings and errors on stderr, a line
+/// each.
+struct WarningsToStderr;
+
+impl log::Log for WarningsToStderr {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Warn
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            eprintln!("{}", r.args());
+        }
+    }
+    fn flush(&self) {}
 }
 
 /// The known name closest to `name` by edit distance, if it is close enough

@@ -38,7 +38,7 @@ pub(crate) fn os_thread_id() -> usize {
 /// were.
 #[inline]
 pub(crate) fn asymmetric_fences() -> bool {
-    cfg!(loom) || ct_worker::membarrier::available()
+    cfg!(loom) || ct_worker::unstable::membarrier::available()
 }
 
 /// The cheap side of an asymmetric fence (see [`heavy_fence`]): only a
@@ -48,7 +48,7 @@ pub(crate) fn asymmetric_fences() -> bool {
 #[inline]
 pub(crate) fn light_fence() {
     #[cfg(not(loom))]
-    if ct_worker::membarrier::available() {
+    if ct_worker::unstable::membarrier::available() {
         core::sync::atomic::compiler_fence(Ordering::SeqCst);
         return;
     }
@@ -64,8 +64,8 @@ pub(crate) fn light_fence() {
 pub(crate) fn heavy_fence() {
     fence(Ordering::SeqCst);
     #[cfg(not(loom))]
-    if ct_worker::membarrier::available() {
-        ct_worker::membarrier::barrier();
+    if ct_worker::unstable::membarrier::available() {
+        ct_worker::unstable::membarrier::barrier();
     }
 }
 

@@ -25,6 +25,8 @@ fn fib(n: u64) -> u64 {
 }
 
 fn main() {
+    // Warnings the libraries report (through `log`) go to stderr.
+    ct_worker::log_to_stderr();
     let n: u64 = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())

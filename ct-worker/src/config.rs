@@ -19,7 +19,9 @@ use crate::stack::{MmapStacks, StackSource};
 pub trait Config: Send + Sync + Sized + 'static {
     /// How contexts are switched.
     type Policy: ContextPolicy;
-    /// The worker deque, for any item type.
+    /// The worker deque, for any item type: name it through a
+    /// [`DequeKind`] (`<ChaseLevKind as DequeKind>::Deque<T>`); the deque
+    /// types themselves are in [`unstable`](crate::unstable).
     type Deque<T: Send + 'static>: WorkerDeque<T>;
     /// Hooks called on scheduler events.
     type Aspect: Aspect;
@@ -47,7 +49,8 @@ impl Config for DefaultConfig {
     type Hook = NoHook;
 }
 
-/// The default configuration with [`AsymmetricChaseLev`] deques: owner pops
+/// The default configuration with [`AsymmetricChaseLev`](crate::unstable::AsymmetricChaseLev)
+/// deques: owner pops
 /// without a memory fence (thieves use `membarrier` instead). The fastest
 /// fork/join on Linux; falls back to fences where `membarrier` is missing.
 #[derive(Debug, Clone, Copy, Default)]
@@ -93,21 +96,25 @@ pub trait DequeKind: Send + Sync + 'static {
     type Deque<T: Send + 'static>: WorkerDeque<T>;
 }
 
-/// [`ChaseLev`] deques.
+/// Chase–Lev deques ([`ChaseLev`](crate::unstable::ChaseLev), on
+/// `crossbeam-deque`): the default.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ChaseLevKind;
 impl DequeKind for ChaseLevKind {
     type Deque<T: Send + 'static> = ChaseLev<T>;
 }
 
-/// [`AsymmetricChaseLev`] deques (fence-free owner operations).
+/// Asymmetric Chase–Lev deques
+/// ([`AsymmetricChaseLev`](crate::unstable::AsymmetricChaseLev)): fence-free
+/// owner operations, `membarrier` on steals.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AsymmetricKind;
 impl DequeKind for AsymmetricKind {
     type Deque<T: Send + 'static> = AsymmetricChaseLev<T>;
 }
 
-/// [`LockedDeque`]s.
+/// Mutex-protected deques ([`LockedDeque`](crate::unstable::LockedDeque)),
+/// the simplest, for comparison.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LockedKind;
 impl DequeKind for LockedKind {

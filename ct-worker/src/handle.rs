@@ -160,7 +160,7 @@ where
     // SAFETY: only the running thread touches its locals.
     let locals = unsafe { (*me.desc().locals.get()).take() };
     if panic::catch_unwind(AssertUnwindSafe(move || drop(locals))).is_err() {
-        eprintln!("ct-worker: a ULT-local destructor panicked; the panic was ignored");
+        log::warn!("ct-worker: a ULT-local destructor panicked; the panic was ignored");
     }
     // SAFETY: stored once, by the thread itself, before it finishes.
     unsafe { me.desc().write_packet(r) };
@@ -185,7 +185,7 @@ fn thread_main_raw<C: Config>(me: TaskRef<C>, body: RawBody, data: *mut ()) -> I
     // SAFETY: only the running thread touches its locals.
     let locals = unsafe { (*me.desc().locals.get()).take() };
     if panic::catch_unwind(AssertUnwindSafe(move || drop(locals))).is_err() {
-        eprintln!("ct-worker: a ULT-local destructor panicked; the panic was ignored");
+        log::warn!("ct-worker: a ULT-local destructor panicked; the panic was ignored");
     }
     exit_thread(me)
 }

@@ -86,6 +86,22 @@
 //!
 //! Builder settings override the environment.
 //!
+//! # Public API
+//!
+//! Everything exported at the crate root, [`idle`] and [`suspended`] is the
+//! public API: runtimes and their builder, the free functions, join
+//! handles, scopes, configurations ([`Config`], the bundled ones, [`Custom`]
+//! with a [`DequeKind`], [`Aspect`]s, [`StackSource`], [`SwitchHook`]),
+//! suspended threads, idle hooks, ULT-local storage and [`UltItf`]. The
+//! worker deque types and the `membarrier` wrapper are in [`unstable`]:
+//! the workspace's other crates use them, but they are not part of the API
+//! and may change in any release.
+//!
+//! Non-fatal trouble (a runtime dropped from one of its own threads, a
+//! panicking ULT-local destructor) is reported through the `log` crate at
+//! `warn` level; a program without a logger of its own sees it after
+//! calling [`log_to_stderr`].
+//!
 //! # Thread-locals
 //!
 //! A user-level thread may resume on another OS thread after any blocking
@@ -105,7 +121,8 @@ pub mod idle;
 mod itf;
 mod join_state;
 mod local;
-pub mod membarrier;
+mod log_stderr;
+mod membarrier;
 mod os;
 mod os_waiter;
 mod parallel;
@@ -118,16 +135,13 @@ mod stack;
 pub mod suspended;
 mod sync;
 mod task;
+pub mod unstable;
 mod worker;
 
 pub use aspect::{Aspect, AspectInit, NoAspect, StatsAspect, TraceAspect, WorkerStats};
 pub use config::{
     AsymmetricConfig, AsymmetricKind, ChaseLevKind, Config, Custom, DefaultConfig, DequeKind,
     LockedKind, StatsConfig, TraceConfig,
-};
-pub use deque::{
-    AsymmetricChaseLev, AsymmetricStealer, ChaseLev, ChaseLevStealer, DequeStealer, LockedDeque,
-    LockedStealer, Steal, WorkerDeque,
 };
 pub use error::{Error, Result};
 pub use handle::{
@@ -138,6 +152,7 @@ pub use hook::{LeaveReason, NoHook, SwitchHook, UltThread};
 pub use idle::{IdleHook, IdleMode, defer_until_idle};
 pub use itf::{JoinHandleItf, SuspendedThreadItf, Ult, UltItf};
 pub use local::UltLocalKey;
+pub use log_stderr::log_to_stderr;
 pub use os::{OsSuspendedThread, OsThreads};
 pub use parallel::{parallel_for, parallel_for_in};
 pub use runtime::{Builder, BuilderPart, DEFAULT_STACK_SIZE, DefaultPart, Given, Runtime};

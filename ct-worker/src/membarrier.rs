@@ -8,21 +8,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-const MEMBARRIER_CMD_QUERY: libc::c_int = 0;
-const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
-const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
-
-fn membarrier(cmd: libc::c_int) -> libc::c_long {
-    // SAFETY: `membarrier` takes plain integers and touches no user memory.
-    unsafe {
-        libc::syscall(
-            libc::SYS_membarrier,
-            cmd,
-            0 as libc::c_uint,
-            0 as libc::c_int,
-        )
-    }
-}
+use rustix::thread::{MembarrierCommand, membarrier, membarrier_query};
 
 /// [`available`]'s answer: 0 not known yet, 1 yes, 2 no.
 static AVAILABLE: AtomicU8 = AtomicU8::new(0);
@@ -53,10 +39,9 @@ fn available_slow() -> bool {
         if std::env::var_os("CT_NO_MEMBARRIER").is_some_and(|v| v != "0") {
             return false;
         }
-        let supported = membarrier(MEMBARRIER_CMD_QUERY);
-        supported >= 0
-            && supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED as libc::c_long != 0
-            && membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0
+        // An empty set where the kernel lacks the call.
+        membarrier_query().contains_command(MembarrierCommand::PrivateExpedited)
+            && membarrier(MembarrierCommand::RegisterPrivateExpedited).is_ok()
     });
     AVAILABLE.store(if yes { 1 } else { 2 }, Ordering::Release);
     yes
@@ -67,10 +52,9 @@ fn available_slow() -> bool {
 /// Only valid after [`available`] returned `true`.
 #[cold]
 pub fn barrier() {
-    if membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0 {
+    if let Err(e) = membarrier(MembarrierCommand::PrivateExpedited) {
         // Registration happened, so this cannot fail short of a kernel bug;
         // a plain fence would not give the guarantee, so stop loudly.
-        let e = std::io::Error::last_os_error();
         eprintln!("ct-worker: membarrier failed after registration: {e}");
         std::process::abort();
     }

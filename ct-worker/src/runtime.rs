@@ -655,7 +655,7 @@ impl<C: Config> Drop for Runtime<C> {
     fn drop(&mut self) {
         if self.is_current() {
             // Joining our own worker would deadlock.
-            eprintln!(
+            log::warn!(
                 "ct-worker: a runtime was dropped from one of its own threads; its workers are leaked"
             );
             return;

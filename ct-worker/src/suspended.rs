@@ -354,7 +354,7 @@ fn wake<C: Config>(p: Parked<C>) {
             Some(w) if w.shared.id == t.desc().runtime_id.get() => w.push(t),
             _ => match crate::runtime::lookup::<C>(t.desc().runtime_id.get()) {
                 Some(shared) => shared.inject(t),
-                None => eprintln!(
+                None => log::warn!(
                     "ct-worker: a thread of a runtime that no longer exists was notified; ignored"
                 ),
             },

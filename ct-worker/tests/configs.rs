@@ -312,7 +312,7 @@ fn asymmetric_deques_under_heavy_stealing() {
 
 #[test]
 fn asymmetric_deque_accounts_every_item() {
-    use ct_worker::{AsymmetricChaseLev, DequeStealer, Steal, WorkerDeque};
+    use ct_worker::unstable::{AsymmetricChaseLev, DequeStealer, Steal, WorkerDeque};
     with_timeout(120, || {
         let mut stolen = 0;
         for round in 0..10u32 {

@@ -317,6 +317,8 @@ fn encode(s: &StatsSnapshot, solve_secs: f64, rows: usize) -> Vec<u8> {
 const STAT_WORDS: usize = 9;
 
 fn main() -> ExitCode {
+    // Warnings the libraries report (through `log`) go to stderr.
+    ct_worker::log_to_stderr();
     let params = match parse_args() {
         Ok(p) => p,
         Err(e) => {

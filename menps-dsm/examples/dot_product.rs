@@ -150,6 +150,8 @@ fn run(dsm: &D, n: usize) -> DsmResult<Outcome> {
 }
 
 fn main() -> ExitCode {
+    // Warnings the libraries report (through `log`) go to stderr.
+    ct_worker::log_to_stderr();
     let mut n = 1_000_000;
     for a in std::env::args().skip(1) {
         match a.parse() {

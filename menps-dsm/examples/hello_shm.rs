@@ -17,6 +17,8 @@
 use menps_dsm::com::{AnyCom, Coll, Comm, Rma, Windows};
 
 fn main() -> Result<(), menps_dsm::Error> {
+    // Warnings the libraries report (through `log`) go to stderr.
+    ct_worker::log_to_stderr();
     // In the launcher this never returns: it runs the job and exits with its
     // status. In each of the 4 processes it returns the communicator.
     let com: AnyCom<ct_worker::OsThreads> = menps_dsm::launch::init_or_relaunch(4)?;

@@ -179,6 +179,8 @@ fn dsm_main(team: &Team<'_, AnyCom<OsThreads>, OsThreads>, n: usize) -> Outcome 
 }
 
 fn main() -> ExitCode {
+    // Warnings the libraries report (through `log`) go to stderr.
+    ct_worker::log_to_stderr();
     let mut n = 1_000_000;
     for a in std::env::args().skip(1) {
         match a.parse() {

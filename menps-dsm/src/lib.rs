@@ -45,6 +45,31 @@
 //! # Ok::<(), menps_dsm::com::Error>(())
 //! ```
 //!
+//! # Public API
+//!
+//! What programs are written against, and what this crate keeps stable:
+//!
+//! - [`com`]: the communication traits ([`com::Comm`], [`com::Windows`],
+//!   [`com::Rma`], [`com::P2p`], [`com::Coll`], [`com::Communicator`]), the
+//!   backends ([`com::ShmCom`], [`com::AnyCom`]; `MpiCom` and `VerbsCom`
+//!   with their features), fat pointers, requests and [`com::Error`].
+//! - [`launch`]: starting and joining jobs ([`launch::init_or_relaunch`],
+//!   [`launch::Builder`], [`launch::run_job`], [`launch::report_failure`])
+//!   and the names of the environment variables ([`launch::env`]).
+//! - [`dsm`]: [`dsm::Dsm`] and its configuration, errors, mutexes and
+//!   statistics; the heap and its typed helpers ([`dsm::DsmBox`],
+//!   [`dsm::DsmVec`]), DSM globals (`dsm_global!`), the global allocator,
+//!   the address map's regions, fork–join teams ([`dsm::team`]) and race
+//!   reports ([`dsm::race`]); for language runtimes on the DSM (a C ABI such
+//!   as `menps-gomp`), the type-erased [`dsm::process`] and the allocator's
+//!   `c_alloc` family.
+//!
+//! The protocol's pieces — diffs and merges, the `SIGSEGV` hook, the
+//! address-range layout, write-notice signatures, per-block metadata — are
+//! private. [`internals`] re-exports the few of them the workspace's own
+//! tests look at (the DSM's base address, fault counters); it is
+//! **unstable**: it may change in any release.
+//!
 //! # Examples
 //!
 //! `menps-dsm/examples/` holds programs that start their own job (4
@@ -73,6 +98,8 @@
 pub mod com;
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 pub mod dsm;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+pub mod internals;
 pub mod launch;
 mod sys;
 

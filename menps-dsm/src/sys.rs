@@ -2,15 +2,31 @@
 //! use: `memfd_create`, shared mappings, futexes, `SCM_RIGHTS` descriptor
 //! passing over Unix sockets, and `pidfd_open`.
 //!
-//! Everything unsafe about these system calls is contained here; the rest of
-//! the crate sees owned descriptors and [`Mapping`]s.
+//! The calls go through `rustix` (typed flags, owned descriptors, no
+//! `errno` juggling), which leaves `unsafe` only where the operation itself
+//! is unsafe — creating and removing mappings — and one `fcntl` on a raw
+//! descriptor number (see [`set_cloexec`]). The rest of the crate sees owned
+//! descriptors and [`Mapping`]s.
 
 use std::ffi::CStr;
-use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{self, IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::fs::MemfdFlags;
+use rustix::io::Errno;
+use rustix::mm::{self, MapFlags, ProtFlags};
+use rustix::net::{
+    self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+use rustix::process::{Pid, PidfdFlags};
+use rustix::thread::futex;
+use rustix::time::{ClockId, Timespec};
 
 use crate::com::Error;
 
@@ -30,11 +46,17 @@ pub(crate) fn io_error(call: &'static str, e: &io::Error) -> Error {
     }
 }
 
+/// [`Error::Os`] from a `rustix` error.
+fn errno_error(call: &'static str, e: Errno) -> Error {
+    Error::Os {
+        call,
+        errno: e.raw_os_error(),
+    }
+}
+
 /// The system page size.
 pub(crate) fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 { p as usize } else { 4096 }
+    rustix::param::page_size()
 }
 
 /// `x` rounded up to a multiple of `to` (a power of two), or `None` on overflow.
@@ -47,30 +69,17 @@ pub(crate) fn round_up(x: usize, to: usize) -> Option<usize> {
 /// It has no name in any file system; it disappears with its last descriptor
 /// and mapping.
 pub(crate) fn memfd(name: &CStr, len: usize) -> Result<OwnedFd, Error> {
-    // SAFETY: `name` is a valid NUL-terminated string; the flags are valid.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(os_error("memfd_create"));
-    }
-    // SAFETY: memfd_create returned a fresh descriptor that nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let len = libc::off_t::try_from(len)
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC)
+        .map_err(|e| errno_error("memfd_create", e))?;
+    let len = i64::try_from(len)
         .map_err(|_| Error::BadConfig(format!("memory object of {len} bytes is too large")))?;
-    // SAFETY: `fd` is a valid descriptor owned by us.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
-        return Err(os_error("ftruncate"));
-    }
+    rustix::fs::ftruncate(&fd, len as u64).map_err(|e| errno_error("ftruncate", e))?;
     Ok(fd)
 }
 
 /// Size in bytes of the file behind `fd`.
 pub(crate) fn file_size(fd: BorrowedFd<'_>) -> Result<usize, Error> {
-    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: `fd` is valid for the borrow; `st` is a valid out-pointer.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(os_error("fstat"));
-    }
+    let st = rustix::fs::fstat(fd).map_err(|e| errno_error("fstat", e))?;
     Ok(st.st_size as usize)
 }
 
@@ -96,18 +105,16 @@ impl Mapping {
         // SAFETY: a fresh mapping chosen by the kernel (no MAP_FIXED) cannot
         // alias any existing Rust object; `fd` is valid for the call.
         let p = unsafe {
-            libc::mmap(
+            mm::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                fd,
                 0,
             )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(os_error("mmap"));
         }
+        .map_err(|e| errno_error("mmap", e))?;
         Ok(Mapping {
             ptr: NonNull::new(p.cast()).expect("mmap returned null"),
             len,
@@ -133,20 +140,18 @@ impl Mapping {
         // SAFETY: the range is exactly our own mapping; MAP_FIXED replaces it
         // atomically with a PROT_NONE anonymous reservation, which nothing
         // else can be placed into.
-        let p = unsafe {
-            libc::mmap(
+        let r = unsafe {
+            mm::mmap_anonymous(
                 self.ptr.as_ptr().cast(),
                 self.len,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
-                -1,
-                0,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::FIXED | MapFlags::NORESERVE,
             )
         };
         // Whether or not that worked, never munmap: if the reservation failed,
         // the shared mapping stays (leaked) rather than freeing the range for
         // reuse.
-        let _ = p;
+        let _ = r;
         std::mem::forget(self);
     }
 }
@@ -155,72 +160,47 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: we own the mapping; whoever still holds references into it
         // is bound by the lifetime of `&self` of the structure owning us.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
+        // Unmapping our own valid range cannot fail.
+        let _ = unsafe { mm::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
 /// Sleeps while `*word == expected`, at most `timeout`. Works across
 /// processes on a `MAP_SHARED` mapping (no `FUTEX_PRIVATE_FLAG`). Spurious
 /// returns are allowed.
+#[inline]
 pub(crate) fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    let ts = Timespec {
+        tv_sec: timeout.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: i64::from(timeout.subsec_nanos()),
     };
-    // SAFETY: `word` is a valid, aligned 32-bit word for the duration of the
-    // call; the kernel only reads it and `ts`.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAIT,
-            expected,
-            &ts as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
+    // Every outcome (woken, value changed, timed out, interrupted) means
+    // "look again" to the caller.
+    let _ = futex::wait(word, futex::Flags::empty(), expected, Some(&ts));
 }
 
 /// Wakes every thread (of any process) sleeping in [`futex_wait`] on `word`.
+#[inline]
 pub(crate) fn futex_wake_all(word: &AtomicU32) {
-    // SAFETY: `word` is a valid, aligned 32-bit word; FUTEX_WAKE does not
-    // access memory beyond it.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            word.as_ptr(),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0u32,
-        );
-    }
+    let _ = futex::wake(word, futex::Flags::empty(), i32::MAX as u32);
 }
 
 /// A connected pair of `SOCK_SEQPACKET` Unix sockets (close-on-exec).
 pub(crate) fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), Error> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: `fds` is a valid out-array of two descriptors.
-    let rc = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if rc != 0 {
-        return Err(os_error("socketpair"));
-    }
-    // SAFETY: socketpair returned two fresh descriptors owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| errno_error("socketpair", e))
 }
 
 /// Sets or clears `FD_CLOEXEC` on `fd`.
+///
+/// Stays on `libc`: `fd` is a raw descriptor number the process does not own
+/// yet (one inherited from the launcher), and `rustix` works on borrowed or
+/// owned descriptors only.
 pub(crate) fn set_cloexec(fd: RawFd, on: bool) -> Result<(), Error> {
     // SAFETY: F_SETFD on any descriptor number has no memory-safety effects.
     let rc = unsafe { libc::fcntl(fd, libc::F_SETFD, if on { libc::FD_CLOEXEC } else { 0 }) };
@@ -237,41 +217,23 @@ pub(crate) fn send_with_fd(
     payload: &[u8],
     fd: Option<BorrowedFd<'_>>,
 ) -> io::Result<()> {
-    let mut iov = libc::iovec {
-        iov_base: payload.as_ptr() as *mut libc::c_void,
-        iov_len: payload.len(),
-    };
-    // Control buffer with room for one descriptor, aligned for cmsghdr.
-    let mut cbuf = [0u64; 8];
-    // SAFETY: an all-zero msghdr is valid (null pointers, zero lengths).
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    if let Some(fd) = fd {
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        let space = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
-        assert!(space <= size_of_val(&cbuf));
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = space;
-        // SAFETY: msg_control points at `space` writable, aligned bytes, so the
-        // first header and its data fit; we write exactly one descriptor.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(size_of::<RawFd>() as u32) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd.as_raw_fd());
-        }
+    let fds: Vec<BorrowedFd<'_>> = fd.into_iter().collect();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() {
+        let pushed = control.push(SendAncillaryMessage::ScmRights(&fds));
+        assert!(pushed, "room for one descriptor");
     }
     loop {
-        // SAFETY: `msg` and everything it points to are valid for the call.
-        let n = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if n >= 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match net::sendmsg(
+            sock,
+            &[IoSlice::new(payload)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        ) {
+            Ok(_) => return Ok(()),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -289,54 +251,31 @@ pub(crate) enum Received {
 /// Receives one packet without blocking, taking ownership of a descriptor
 /// passed with it (marked close-on-exec).
 pub(crate) fn try_recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Received> {
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr().cast(),
-        iov_len: buf.len(),
-    };
-    let mut cbuf = [0u64; 8];
-    // SAFETY: an all-zero msghdr is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = size_of_val(&cbuf);
+    // Room for a few descriptors: a peer that sends more than one gets the
+    // extra ones closed rather than truncated away unseen.
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
     let n = loop {
-        // SAFETY: `msg` points at valid buffers of the stated lengths.
-        let n = unsafe {
-            libc::recvmsg(
-                sock.as_raw_fd(),
-                &mut msg,
-                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
-            )
-        };
-        if n >= 0 {
-            break n as usize;
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::Interrupted => continue,
-            io::ErrorKind::WouldBlock => return Ok(Received::Nothing),
-            _ => return Err(e),
+        match net::recvmsg(
+            sock,
+            &mut [IoSliceMut::new(buf)],
+            &mut control,
+            RecvFlags::DONTWAIT | RecvFlags::CMSG_CLOEXEC,
+        ) {
+            Ok(r) => break r.bytes,
+            Err(Errno::INTR) => continue,
+            Err(Errno::AGAIN) => return Ok(Received::Nothing),
+            Err(e) => return Err(e.into()),
         }
     };
     let mut fd = None;
-    // SAFETY: the kernel filled `msg_control` with well-formed headers up to
-    // `msg_controllen`; the CMSG_* macros walk exactly those.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                let count = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
-                for i in 0..count {
-                    let raw = std::ptr::read_unaligned(data.add(i));
-                    let owned = OwnedFd::from_raw_fd(raw);
-                    if fd.is_none() {
-                        fd = Some(owned);
-                    } // extra descriptors are closed by dropping `owned`
-                }
+    for msg in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = msg {
+            for owned in fds {
+                if fd.is_none() {
+                    fd = Some(owned);
+                } // extra descriptors are closed by dropping `owned`
             }
-            c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
     if n == 0 && fd.is_none() {
@@ -348,38 +287,30 @@ pub(crate) fn try_recv_with_fd(sock: BorrowedFd<'_>, buf: &mut [u8]) -> io::Resu
 /// `pidfd_open(pid)`: a descriptor that becomes readable when `pid` exits,
 /// or `None` where the kernel lacks it.
 pub(crate) fn pidfd_open(pid: u32) -> Option<OwnedFd> {
-    // SAFETY: pidfd_open takes two integers and returns a new descriptor.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        None
-    } else {
-        // SAFETY: the call returned a fresh descriptor we now own.
-        Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-    }
+    let pid = Pid::from_raw(i32::try_from(pid).ok()?)?;
+    rustix::process::pidfd_open(pid, PidfdFlags::empty()).ok()
 }
 
 /// Waits until one of `fds` is readable or `timeout` passes (`None`: no
 /// limit). Returns the indices of the readable ones.
 pub(crate) fn poll_readable(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Vec<usize> {
-    let mut pfds: Vec<libc::pollfd> = fds
+    let mut pfds: Vec<PollFd<'_>> = fds
         .iter()
-        .map(|fd| libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|fd| PollFd::new(fd, PollFlags::IN))
         .collect();
-    let ms = timeout.map_or(-1, |t| t.as_millis().clamp(0, i32::MAX as u128) as i32);
-    // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structures.
-    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
-    if n <= 0 {
-        return Vec::new();
+    let ts = timeout.map(|t| Timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: i64::from(t.subsec_nanos()),
+    });
+    match rustix::event::poll(&mut pfds, ts.as_ref()) {
+        Ok(n) if n > 0 => pfds
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !p.revents().is_empty())
+            .map(|(i, _)| i)
+            .collect(),
+        _ => Vec::new(),
     }
-    pfds.iter()
-        .enumerate()
-        .filter(|(_, p)| p.revents != 0)
-        .map(|(i, _)| i)
-        .collect()
 }
 
 /// Name of a signal number, for messages.
@@ -407,12 +338,7 @@ pub(crate) fn signal_name(sig: i32) -> &'static str {
 /// Nanoseconds of `CLOCK_MONOTONIC`: one clock for every process of the
 /// machine.
 pub(crate) fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    let ts = rustix::time::clock_gettime(ClockId::Monotonic);
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(ts.tv_nsec as u64)

@@ -250,7 +250,7 @@ fn races_are_reported_once_and_the_run_goes_on() {
             run.dump(),
             run.stderr
         );
-        let seg_word = format!("{:#x}", menps_dsm::dsm::layout::DSM_BASE + RACE_OFFSET);
+        let seg_word = format!("{:#x}", menps_dsm::internals::DSM_BASE + RACE_OFFSET);
         assert!(
             reports.iter().any(|l| l.contains(&seg_word)),
             "{pol:?}: no report names {seg_word}: {}",
@@ -297,7 +297,7 @@ fn write_write_race_is_reported() {
             "race not reported as such under {pol:?}: {}",
             run.dump()
         );
-        let addr = format!("{:#x}", menps_dsm::dsm::layout::DSM_BASE + RACE_OFFSET);
+        let addr = format!("{:#x}", menps_dsm::internals::DSM_BASE + RACE_OFFSET);
         assert!(
             run.stdout.contains(&addr),
             "race report lacks the address {addr}: {}",

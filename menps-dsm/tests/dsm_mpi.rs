@@ -152,7 +152,7 @@ fn mpi_user_level_threads_fault_park_and_migrate() {
 
 #[test]
 fn mpi_write_write_race_is_reported() {
-    let addr = format!("{:#x}", menps_dsm::dsm::layout::DSM_BASE + RACE_OFFSET);
+    let addr = format!("{:#x}", menps_dsm::internals::DSM_BASE + RACE_OFFSET);
     for &pol in &POLICIES {
         let run = job("race", 3, pol, &[]);
         // A process that detects the race exits with status 42, and mpirun

@@ -101,18 +101,18 @@
 
 pub mod allocator;
 pub mod config;
-pub mod diff;
+pub(crate) mod diff;
 pub mod error;
-pub mod fault;
+pub(crate) mod fault;
 pub mod globals;
 pub mod heap;
-pub mod layout;
+pub(crate) mod layout;
 pub mod memory;
 pub mod process;
 mod qlock;
 pub mod race;
-pub mod segment;
-pub mod signature;
+pub(crate) mod segment;
+pub(crate) mod signature;
 mod space;
 mod sync;
 pub mod team;

@@ -121,11 +121,6 @@ impl Signature {
         self.wns.len()
     }
 
-    /// Whether the signature says nothing at all.
-    pub fn is_empty(&mut self) -> bool {
-        self.len() == 0 && self.min_wr_ts == 0
-    }
-
     /// Adds a notice.
     pub fn push(&mut self, wn: WriteNotice) {
         if self.capacity == 0 {
@@ -146,13 +141,6 @@ impl Signature {
         for wn in &other.wns {
             self.push(*wn);
         }
-    }
-
-    /// Forgets everything (after a barrier every process has seen it all).
-    pub fn clear(&mut self) {
-        self.min_wr_ts = 0;
-        self.wns.clear();
-        self.dirty = false;
     }
 
     /// Sorts, keeps the newest notice per block, and truncates to capacity,
@@ -198,6 +186,10 @@ impl Signature {
     }
 
     /// The signature as bytes.
+    #[expect(
+        clippy::wrong_self_convention,
+        reason = "serialising normalises (deduplicates and truncates) the notices first"
+    )]
     pub fn to_bytes(&mut self) -> Vec<u8> {
         let mut v = vec![0u8; self.byte_len()];
         self.serialize_into(&mut v);

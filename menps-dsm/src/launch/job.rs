@@ -438,13 +438,13 @@ fn warn_unjoined(control: &Control, n: usize, who: &Launcher) {
         })
         .collect();
     if never.len() == n {
-        eprintln!(
+        log::warn!(
             "{}: no process joined the job: the program ran {n} times as independent copies \
              (a menps program joins with menps_dsm::launch::init or init_or_relaunch)",
             who.name
         );
     } else if !never.is_empty() {
-        eprintln!(
+        log::warn!(
             "{}: rank(s) {never:?} ended without joining the job",
             who.name
         );

@@ -1,7 +1,7 @@
 //! Starting and joining jobs.
 //!
-//! A *job* is N processes of one program that share a control memory (see
-//! [`crate::com::shm::control`]). A *launcher* creates it, starts the
+//! A *job* is N processes of one program that share a control memory (the
+//! shm backend's [`ShmCom`]). A *launcher* creates it, starts the
 //! processes, watches them and exits with their combined status:
 //!
 //! - **In the program itself**: [`init_or_relaunch`] (or [`Builder`]). Run
@@ -756,7 +756,7 @@ fn enforce_deadline(rank: usize, deadline: u64) {
             }
         });
     if let Err(e) = spawned {
-        eprintln!("menps: rank {rank}: cannot watch the job's time limit: {e}");
+        log::warn!("menps: rank {rank}: cannot watch the job's time limit: {e}");
     }
 }
 

@@ -67,7 +67,7 @@ pub fn job_entry() {
         eprintln!(
             "rank {me}: {:?} faults {}",
             dsm.stats(),
-            menps_dsm::dsm::fault::fault_count()
+            menps_dsm::internals::fault_count()
         );
     }
     println!("rank {me}: ok");
@@ -589,7 +589,7 @@ fn pinned_stack(dsm: &D) {
 /// segmentation fault (with a hint on stderr).
 fn segv_outside(dsm: &D) {
     let _seg = dsm.alloc_segment(64 * 1024, 4096).unwrap();
-    let p = (menps_dsm::dsm::layout::DSM_BASE + (64 << 30) * 5) as *const u64;
+    let p = (menps_dsm::internals::DSM_BASE + (64 << 30) * 5) as *const u64;
     eprintln!("about to fault");
     // SAFETY: deliberately invalid (the test expects the crash).
     let v = unsafe { p.read_volatile() };
@@ -628,8 +628,8 @@ fn overflow(dsm: &D) {
 /// it touches a protected block.
 fn disabled_thread(dsm: &D) {
     let seg = dsm.alloc_segment(64 * 1024, 4096).unwrap();
-    menps_dsm::dsm::fault::disable_on_this_thread();
-    assert!(!menps_dsm::dsm::fault::is_enabled_on_this_thread());
+    menps_dsm::internals::disable_on_this_thread();
+    assert!(!menps_dsm::internals::is_enabled_on_this_thread());
     // SAFETY: deliberately touching a protected block (the test expects the
     // crash).
     let v = unsafe { seg.read_volatile() };

@@ -12,10 +12,10 @@
 
 use std::ffi::OsString;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use menps_dsm::launch::{self, JobConfig, Program};
 
+mod cli;
 mod openmp;
 
 const USAGE: &str = "\
@@ -54,6 +54,8 @@ fn fail(msg: &str) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // The library's warnings (a process that never joined the job, ...).
+    ct_worker::log_to_stderr();
     let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
     match args.first().and_then(|a| a.to_str()) {
         Some("-h" | "--help" | "help") => {
@@ -77,63 +79,21 @@ fn main() -> ExitCode {
         None => return fail("missing command"),
     }
 
-    let mut config = match JobConfig::default().with_env_overrides() {
+    let config = match JobConfig::default().with_env_overrides() {
         Ok(c) => c,
         Err(e) => return fail(&e.to_string()),
     };
-    let mut it = args.into_iter();
-    let mut program: Option<OsString> = None;
-    while let Some(a) = it.next() {
-        let Some(s) = a.to_str() else {
-            program = Some(a);
-            break;
-        };
-        let mut value = |name: &str| -> Result<String, ExitCode> {
-            it.next()
-                .and_then(|v| v.into_string().ok())
-                .ok_or_else(|| fail(&format!("{name} needs a value")))
-        };
-        match s {
-            "--" => {
-                program = it.next();
-                break;
-            }
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            "-n" | "--nprocs" => match value(s).map(|v| v.parse::<usize>()) {
-                Ok(Ok(n)) => config.nprocs = n,
-                Ok(Err(_)) => return fail("-n needs a positive integer"),
-                Err(code) => return code,
-            },
-            "--backend" => match value(s).map(|v| v.parse()) {
-                Ok(Ok(b)) => config.backend = b,
-                Ok(Err(e)) => return fail(&e.to_string()),
-                Err(code) => return code,
-            },
-            "--prefix-output" => config.prefix_output = true,
-            "--grace-ms" => match value(s).map(|v| v.parse::<u64>()) {
-                Ok(Ok(ms)) => config.grace = Duration::from_millis(ms),
-                Ok(Err(_)) => return fail("--grace-ms needs milliseconds"),
-                Err(code) => return code,
-            },
-            "--timeout" => match value(s).map(|v| v.parse::<f64>()) {
-                Ok(Ok(t)) if t > 0.0 && t < 1e9 => {
-                    config.timeout = Some(Duration::from_secs_f64(t))
-                }
-                Ok(_) => return fail("--timeout needs a positive number of seconds"),
-                Err(code) => return code,
-            },
-            opt if opt.starts_with('-') => return fail(&format!("unknown option {opt}")),
-            _ => {
-                program = Some(a);
-                break;
-            }
+    let (config, path, args) = match cli::parse_run(args, config) {
+        Ok(cli::Run::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
         }
-    }
-    let Some(path) = program else {
-        return fail("missing program");
+        Ok(cli::Run::Job {
+            config,
+            program,
+            args,
+        }) => (config, program, args),
+        Err(msg) => return fail(&msg),
     };
     if let Err(e) = config.validate() {
         return fail(&e.to_string());
@@ -148,7 +108,7 @@ fn main() -> ExitCode {
     let program = Program {
         path,
         arg0: None,
-        args: it.collect(),
+        args,
     };
     match launch::run_job(&config, &program) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

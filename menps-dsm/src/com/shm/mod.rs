@@ -6,7 +6,7 @@
 //!   mapping and compare-and-swap / fetch-and-add are hardware atomics on it
 //!   — truly one-sided, the target's CPU is never involved, as with RDMA.
 //! - **Point-to-point** messages go through a byte ring per ordered pair of
-//!   processes in the control memory ([`control`]); the receiver drains its
+//!   processes in the control memory (module `control`); the receiver drains its
 //!   rings into per-(sender, tag) queues, which gives tag matching and FIFO
 //!   order per (sender, receiver, tag).
 //! - **Collectives**: a counter/generation barrier and double-buffered
@@ -23,7 +23,7 @@
 //! one-process communicator without a launcher (for tests and tools).
 
 pub(crate) mod coll;
-pub mod control;
+pub(crate) mod control;
 pub(crate) mod p2p;
 pub(crate) mod window;
 

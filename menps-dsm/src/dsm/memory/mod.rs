@@ -1,7 +1,7 @@
 //! The memory layer: one address map owns every shared address.
 //!
 //! Every process of a DSM job reserves the same address range at start-up
-//! ([`layout`](crate::dsm::layout)); the **address map** hands out regions
+//! (from `DSM_BASE` = `0x1000_0000_0000` up); the **address map** hands out regions
 //! of it, makes every process take the same decision (a collective check:
 //! a region placed differently, or refused, in any process fails the call
 //! in all of them before anything is mapped) and refuses overlaps. Its

@@ -3,7 +3,8 @@
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ct_context::DefaultPolicy;
-use ct_worker::{ChaseLev, Config, NoAspect, Runtime, Ult, UltItf};
+use ct_worker::unstable::ChaseLev;
+use ct_worker::{Config, NoAspect, Runtime, Ult, UltItf};
 
 use crate::com::{Communicator, Source, Tag};
 use crate::dsm::Dsm;
