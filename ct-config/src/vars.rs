@@ -300,7 +300,7 @@ pub const MENPS_MPI_PROGRESS_US: Var = var(
 /// How windows are made.
 pub const MENPS_MPI_WINDOWS: Var = var(
     "MENPS_MPI_WINDOWS",
-    Kind::Choice(&["shared", "create", "auto"]),
+    Kind::Choice(&["shared", "create", "created", "auto"]),
     "auto",
     "menps-dsm (mpi)",
     "how MPI windows are made",

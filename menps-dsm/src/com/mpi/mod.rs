@@ -148,6 +148,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ::mpi::ffi;
+use ct_config::vars;
 use ct_delegate::Offloader;
 use ct_worker::{Ult, UltItf};
 
@@ -159,18 +160,18 @@ pub use window::WindowFlavor;
 /// Names of the environment variables this backend reads.
 pub mod env {
     /// OpenMPI's one-sided component selection.
-    pub const OMPI_OSC: &str = "OMPI_MCA_osc";
+    pub const OMPI_OSC: &str = ct_config::vars::OMPI_MCA_OSC.name;
     /// `0`/`1`: offload RMA.
-    pub const OFFLOAD: &str = "MENPS_MPI_OFFLOAD";
+    pub const OFFLOAD: &str = ct_config::vars::MENPS_MPI_OFFLOAD.name;
     /// Progress-thread interval in microseconds (`0`: none).
-    pub const PROGRESS_US: &str = "MENPS_MPI_PROGRESS_US";
+    pub const PROGRESS_US: &str = ct_config::vars::MENPS_MPI_PROGRESS_US.name;
     /// `0`: skip the `OMPI_MCA_osc` check.
-    pub const OSC_CHECK: &str = "MENPS_MPI_OSC_CHECK";
+    pub const OSC_CHECK: &str = ct_config::vars::MENPS_MPI_OSC_CHECK.name;
     /// `0`: never re-execute before `MPI_Init`.
-    pub const REEXEC: &str = "MENPS_MPI_REEXEC";
+    pub const REEXEC: &str = ct_config::vars::MENPS_MPI_REEXEC.name;
     /// `shared` / `create` / `auto`: how windows are made
     /// ([`WindowFlavor`](super::WindowFlavor)).
-    pub const WINDOWS: &str = "MENPS_MPI_WINDOWS";
+    pub const WINDOWS: &str = ct_config::vars::MENPS_MPI_WINDOWS.name;
     /// Set in the environment of the re-executed process.
     pub const REEXECED: &str = "MENPS_MPI_REEXECED";
 }
@@ -210,48 +211,39 @@ impl Default for MpiConfig {
     }
 }
 
-fn env_flag(name: &str) -> Result<Option<bool>> {
-    match std::env::var(name).ok().as_deref().map(str::trim) {
-        None | Some("") => Ok(None),
-        Some("1" | "true" | "yes" | "on") => Ok(Some(true)),
-        Some("0" | "false" | "no" | "off") => Ok(Some(false)),
-        Some(v) => Err(Error::BadConfig(format!("{name}={v:?} must be 0 or 1"))),
-    }
+fn bad_var(e: ct_config::Error) -> Error {
+    Error::BadConfig(e.to_string())
 }
 
 impl MpiConfig {
     /// The defaults with the `MENPS_MPI_*` variables applied.
     pub fn from_env() -> Result<Self> {
-        let mut c = MpiConfig::default();
-        if let Some(o) = env_flag(env::OFFLOAD)? {
-            c.offload = Some(o);
-        }
-        if let Ok(v) = std::env::var(env::PROGRESS_US)
-            && !v.trim().is_empty()
-        {
-            let us: u64 = v.trim().parse().map_err(|_| {
-                Error::BadConfig(format!(
-                    "{}={v:?} must be a number of microseconds",
-                    env::PROGRESS_US
-                ))
-            })?;
-            c.progress_interval = (us > 0).then(|| Duration::from_micros(us));
-        }
-        if let Ok(v) = std::env::var(env::WINDOWS) {
-            c.windows = WindowFlavor::parse(&v).ok_or_else(|| {
-                Error::BadConfig(format!(
-                    "{}={v:?} must be `shared`, `create` or `auto`",
-                    env::WINDOWS
-                ))
-            })?;
-        }
-        if let Some(v) = env_flag(env::OSC_CHECK)? {
-            c.osc_check = v;
-        }
-        if let Some(v) = env_flag(env::REEXEC)? {
-            c.reexec = v;
-        }
-        Ok(c)
+        let d = MpiConfig::default();
+        Ok(MpiConfig {
+            offload: vars::MENPS_MPI_OFFLOAD
+                .flag()
+                .map_err(bad_var)?
+                .or(d.offload),
+            progress_interval: match vars::MENPS_MPI_PROGRESS_US.duration().map_err(bad_var)? {
+                None => d.progress_interval,
+                Some(Duration::ZERO) => None,
+                Some(t) => Some(t),
+            },
+            windows: match vars::MENPS_MPI_WINDOWS.choice().map_err(bad_var)? {
+                None => d.windows,
+                Some(name) => WindowFlavor::parse(name).ok_or_else(|| {
+                    Error::BadConfig(format!("{}={name:?}: unknown flavour", env::WINDOWS))
+                })?,
+            },
+            osc_check: vars::MENPS_MPI_OSC_CHECK
+                .flag()
+                .map_err(bad_var)?
+                .unwrap_or(d.osc_check),
+            reexec: vars::MENPS_MPI_REEXEC
+                .flag()
+                .map_err(bad_var)?
+                .unwrap_or(d.reexec),
+        })
     }
 }
 
@@ -318,9 +310,8 @@ fn aslr_disabled() -> bool {
 /// Before `MPI_Init`: checks `OMPI_MCA_osc` and re-executes the process if
 /// that is needed to set it (or to turn address randomisation off).
 fn prepare_process(cfg: &MpiConfig) -> Result<()> {
-    let osc = std::env::var(env::OMPI_OSC)
-        .ok()
-        .filter(|v| !v.trim().is_empty());
+    // Set but empty counts as unset here: OpenMPI ignores it too.
+    let osc = vars::OMPI_MCA_OSC.text().ok().flatten();
     if cfg.osc_check {
         check_osc_setting(osc.as_deref())?;
     }
