@@ -392,7 +392,7 @@ pub const OMP_WAIT_POLICY: Var = var(
     Kind::Choice(&["active", "passive"]),
     "(between the two)",
     "menps-omp",
-    "active: waiting threads yield longer; passive: they sleep soon",
+    "active: waiting threads yield longer; passive: they park soon",
 );
 /// The `dyn-var` ICV.
 pub const OMP_DYNAMIC: Var = var(

@@ -133,49 +133,6 @@ impl<T> ProtocolCell<T> {
     }
 }
 
-/// Backs off in a wait loop: a few processor spin hints, then yields the
-/// thread through the threading interface (under loom: always yields, so the
-/// model makes progress). Shared with ct-delegate.
-#[derive(Debug)]
-pub struct Backoff {
-    #[cfg(not(loom))]
-    step: u32,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Backoff {
-    /// A fresh back-off (spinning first).
-    pub fn new() -> Self {
-        Backoff {
-            #[cfg(not(loom))]
-            step: 0,
-        }
-    }
-
-    /// One round of waiting; `yield_now` yields the caller (a user-level or
-    /// OS thread) once spinning has not helped.
-    #[inline]
-    pub fn snooze(&mut self, yield_now: impl FnOnce()) {
-        #[cfg(loom)]
-        {
-            let _ = yield_now;
-            loom::thread::yield_now();
-        }
-        #[cfg(not(loom))]
-        {
-            if self.step < 6 {
-                for _ in 0..1u32 << self.step {
-                    core::hint::spin_loop();
-                }
-                self.step += 1;
-            } else {
-                yield_now();
-            }
-        }
-    }
-}
+/// The workspace's one back-off (ct-worker's: spin, yield, park; never a
+/// sleep on a worker thread). Shared with ct-delegate.
+pub use ct_worker::Backoff;

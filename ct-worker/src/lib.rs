@@ -96,6 +96,7 @@
 #![warn(missing_docs)]
 
 mod aspect;
+mod backoff;
 mod config;
 mod deque;
 mod error;
@@ -121,6 +122,7 @@ mod task;
 mod worker;
 
 pub use aspect::{Aspect, AspectInit, NoAspect, StatsAspect, TraceAspect, WorkerStats};
+pub use backoff::Backoff;
 pub use config::{
     AsymmetricConfig, AsymmetricKind, ChaseLevKind, Config, Custom, DefaultConfig, DequeKind,
     LockedKind, StatsConfig, TraceConfig,

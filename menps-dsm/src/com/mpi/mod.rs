@@ -371,38 +371,14 @@ pub fn under_mpirun() -> bool {
     crate::launch::under_mpirun()
 }
 
-/// Makes processes wait politely: poll, then yield, then sleep in growing
-/// intervals.
-pub(crate) struct Backoff {
-    round: u32,
-}
-
-const SPIN_ROUNDS: u32 = 200;
+/// Yield rounds of a wait before it parks (an OS thread; a worker thread
+/// keeps yielding: it never sleeps, see [`ct_sync::Backoff`]).
 const YIELD_ROUNDS: u32 = 50;
 
-impl Backoff {
-    pub(crate) fn new() -> Self {
-        Backoff { round: 0 }
-    }
-
-    /// Whether the spinning phase is over (time to check for failures).
-    pub(crate) fn is_slow(&self) -> bool {
-        self.round >= SPIN_ROUNDS
-    }
-
-    pub(crate) fn snooze<U: UltItf>(&mut self) {
-        if self.round < SPIN_ROUNDS {
-            std::hint::spin_loop();
-        } else if self.round < SPIN_ROUNDS + YIELD_ROUNDS {
-            U::yield_now();
-            std::thread::yield_now();
-        } else {
-            let k = (self.round - SPIN_ROUNDS - YIELD_ROUNDS).min(5);
-            std::thread::sleep(Duration::from_micros(20 << k));
-            U::yield_now();
-        }
-        self.round = self.round.saturating_add(1);
-    }
+/// The back-off of this backend's waits: the workspace's one, parking
+/// after [`YIELD_ROUNDS`].
+fn backoff() -> ct_sync::Backoff {
+    ct_sync::Backoff::parking(YIELD_ROUNDS)
 }
 
 /// What a wait must also watch for (as on shm).
@@ -741,13 +717,13 @@ impl<U: UltItf> MpiCom<U> {
         watch: Watch,
         mut poll: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
-        let mut backoff = Backoff::new();
+        let mut backoff = backoff();
         let mut failed_at: Option<(Instant, Error)> = None;
         loop {
             if let Some(v) = poll()? {
                 return Ok(v);
             }
-            if backoff.is_slow() {
+            if !backoff.is_spinning() {
                 match &failed_at {
                     Some((t, e)) if t.elapsed() >= DEPARTURE_GRACE => return Err(e.clone()),
                     Some(_) => {}
@@ -758,7 +734,7 @@ impl<U: UltItf> MpiCom<U> {
                     }
                 }
             }
-            backoff.snooze::<U>();
+            backoff.snooze(U::yield_now);
         }
     }
 
@@ -845,10 +821,10 @@ impl<U: UltItf> MpiCom<U> {
         }
         // SAFETY: per the contract; the window is live (resolved).
         let mut req = unsafe { raw::rget(win, rank, disp, dst, len) }?;
-        let mut backoff = Backoff::new();
+        let mut backoff = backoff();
         // SAFETY: `req` is active and `dst` stays valid until it completes.
         while !unsafe { raw::test(&mut req) }? {
-            backoff.snooze::<U>();
+            backoff.snooze(U::yield_now);
         }
         Ok(())
     }
@@ -948,9 +924,9 @@ impl<U: UltItf> Drop for MpiCom<U> {
             // Requests dropped without waiting still complete; give them (and
             // the offloader's threads) a moment.
             let until = Instant::now() + Duration::from_secs(2);
-            let mut backoff = Backoff::new();
+            let mut backoff = backoff();
             while (off.in_flight() > 0 || off.is_executor_running()) && Instant::now() < until {
-                backoff.snooze::<U>();
+                backoff.snooze(U::yield_now);
             }
         }
         // Tell the others we leave, so that their waits for us fail instead

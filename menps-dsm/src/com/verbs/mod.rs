@@ -336,11 +336,12 @@ impl<B: Communicator, U: UltItf> VerbsCom<B, U> {
 impl<B: Communicator, U: UltItf> Drop for VerbsCom<B, U> {
     fn drop(&mut self) {
         let until = Instant::now() + Duration::from_secs(2);
+        // The workspace's back-off: it parks an OS thread, never a worker.
+        let mut backoff = ct_sync::Backoff::parking(50);
         while (self.offloader.in_flight() > 0 || self.offloader.is_executor_running())
             && Instant::now() < until
         {
-            U::yield_now();
-            std::thread::sleep(Duration::from_micros(50));
+            backoff.snooze(U::yield_now);
         }
         let mut parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
         for p in parts.drain(..) {
