@@ -71,9 +71,11 @@ pub(crate) fn heavy_fence() {
 
 /// A cell whose accesses are made exclusive by a lock protocol (e.g. the MCS
 /// queue's `head`, only touched by the lock holder). Under loom, accesses
-/// are checked for causality.
+/// are checked for causality: two accesses that the protocol fails to order
+/// (one of them a write) fail the model. Shared with ct-delegate, whose
+/// queues keep their entries in such cells.
 #[derive(Debug)]
-pub(crate) struct ProtocolCell<T> {
+pub struct ProtocolCell<T> {
     #[cfg(not(loom))]
     inner: core::cell::UnsafeCell<T>,
     #[cfg(loom)]
@@ -82,17 +84,24 @@ pub(crate) struct ProtocolCell<T> {
 
 impl<T> ProtocolCell<T> {
     #[cfg(not(loom))]
-    pub(crate) const fn new(v: T) -> Self {
+    /// A cell holding `v`.
+    pub const fn new(v: T) -> Self {
         ProtocolCell {
             inner: core::cell::UnsafeCell::new(v),
         }
     }
 
     #[cfg(loom)]
-    pub(crate) fn new(v: T) -> Self {
+    /// A cell holding `v`.
+    pub fn new(v: T) -> Self {
         ProtocolCell {
             inner: loom::cell::UnsafeCell::new(v),
         }
+    }
+
+    /// The value (the cell is consumed, so no access can race).
+    pub fn into_inner(self) -> T {
+        self.inner.into_inner()
     }
 
     /// Runs `f` with shared (read) access.
@@ -102,8 +111,7 @@ impl<T> ProtocolCell<T> {
     /// The caller's protocol must guarantee that nobody writes the cell
     /// meanwhile.
     #[inline]
-    #[allow(dead_code)]
-    pub(crate) unsafe fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+    pub unsafe fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
         #[cfg(not(loom))]
         {
             f(self.inner.get())
@@ -121,7 +129,7 @@ impl<T> ProtocolCell<T> {
     /// The caller's protocol must guarantee that nobody else accesses the
     /// cell meanwhile.
     #[inline]
-    pub(crate) unsafe fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+    pub unsafe fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
         #[cfg(not(loom))]
         {
             f(self.inner.get())
