@@ -31,6 +31,10 @@
 //!   (and polled while it spins idle). `ct-sync`'s barrier publishes a
 //!   worker's arrivals in one atomic operation that way and has each worker
 //!   wake its own waiters.
+//! - **One back-off** ([`Backoff`]) for every wait loop of the workspace:
+//!   spin, yield (a user-level thread to its scheduler), then park an OS
+//!   thread briefly; a worker thread never sleeps (that would stop every
+//!   user-level thread on it).
 //! - **Per-worker pools** of stacks and descriptors that return memory to the
 //!   worker that allocated it.
 //! - **Stack sources and switch hooks**: the configuration chooses where
