@@ -29,7 +29,17 @@ const MIN_PARK: Duration = Duration::from_micros(1);
 const MAX_PARK: Duration = Duration::from_micros(200);
 
 /// Backs off in a wait loop: spin, then yield, then (for
-/// [`Backoff::parking`]) park; see the [module docs](self).
+/// [`Backoff::parking`]) park.
+///
+/// 1. **spin**: 1, 2, 4, … 32 processor pause hints over the first six
+///    rounds;
+/// 2. **yield**: the caller's `yield_now` each round (through a threading
+///    interface a user-level thread goes back to its worker's scheduler;
+///    an OS thread yields its processor);
+/// 3. **park**, after the yield rounds of [`Backoff::parking`]: an OS thread
+///    that is not a worker sleeps with `park_timeout`, 1 µs doubling to
+///    200 µs; a worker thread never sleeps (it would stop every user-level
+///    thread of the worker): it yields, then yields the processor.
 ///
 /// ```
 /// use std::sync::atomic::{AtomicBool, Ordering};
