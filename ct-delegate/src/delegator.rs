@@ -38,7 +38,7 @@
 //! reporting "not executed", and `execute_or_delegate` always returned
 //! `false`; see `original-menps-design.md` §7.2.)
 
-use core::cell::{Cell, UnsafeCell};
+use core::cell::Cell;
 use core::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex};
 
@@ -47,7 +47,7 @@ use ct_worker::{JoinHandleItf, SuspendedThreadItf, Ult, UltItf};
 use crate::completion::{Completion, CompletionRef};
 use crate::consumer::Consumer;
 use crate::queue::{DelegationQueue, Enqueued, McsQueue};
-use crate::sync::{AtomicBool, AtomicU8, Backoff, Ordering};
+use crate::sync::{AtomicBool, AtomicU8, Backoff, Ordering, ProtocolCell};
 
 const LOCK: u8 = 0;
 const DELEGATED: u8 = 1;
@@ -61,7 +61,7 @@ const STOPPING: u8 = 2;
 pub struct Entry<C: Consumer<U>, U: UltItf> {
     kind: Cell<u8>,
     waiter: U::SuspendedThread,
-    request: UnsafeCell<Option<C::Request>>,
+    request: ProtocolCell<Option<C::Request>>,
 }
 
 // SAFETY: an entry is written by its producer before it is published and used
@@ -73,7 +73,7 @@ impl<C: Consumer<U>, U: UltItf> Entry<C, U> {
         Entry {
             kind: Cell::new(LOCK),
             waiter: U::SuspendedThread::default(),
-            request: UnsafeCell::new(None),
+            request: ProtocolCell::new(None),
         }
     }
 
@@ -81,7 +81,7 @@ impl<C: Consumer<U>, U: UltItf> Entry<C, U> {
         Entry {
             kind: Cell::new(DELEGATED),
             waiter: U::SuspendedThread::default(),
-            request: UnsafeCell::new(Some(request)),
+            request: ProtocolCell::new(Some(request)),
         }
     }
 }
@@ -146,12 +146,12 @@ where
 {
     queue: Q,
     /// The holder's entry (only the holder touches it).
-    head: UnsafeCell<Option<Q::Handle>>,
+    head: ProtocolCell<Option<Q::Handle>>,
     /// Held by the queue holder, or by an inline `execute_or_delegate`
     /// while the queue lock is free; see the module docs.
     gate: AtomicBool,
     /// The resource (only the gate's holder touches it).
-    consumer: UnsafeCell<C>,
+    consumer: ProtocolCell<C>,
     /// The consumer thread parks here when it does not hold the lock.
     consumer_slot: U::SuspendedThread,
     consumer_state: AtomicU8,
@@ -186,9 +186,9 @@ where
     pub fn new(consumer: C) -> Self {
         Delegator {
             queue: Q::new(),
-            head: UnsafeCell::new(None),
+            head: ProtocolCell::new(None),
             gate: AtomicBool::new(false),
-            consumer: UnsafeCell::new(consumer),
+            consumer: ProtocolCell::new(consumer),
             consumer_slot: U::SuspendedThread::default(),
             consumer_state: AtomicU8::new(NO_CONSUMER),
             consumer_thread: Mutex::new(None),
@@ -203,7 +203,10 @@ where
     #[inline]
     unsafe fn head(&self) -> Q::Handle {
         // SAFETY: the holder's entry is set while the lock is held.
-        unsafe { (*self.head.get()).expect("the holder has a head entry") }
+        unsafe {
+            self.head
+                .with(|p| (*p).expect("the holder has a head entry"))
+        }
     }
 
     /// # Safety
@@ -212,7 +215,7 @@ where
     #[inline]
     unsafe fn set_head(&self, h: Q::Handle) {
         // SAFETY: exclusive per the contract.
-        unsafe { *self.head.get() = Some(h) };
+        unsafe { self.head.with_mut(|p| *p = Some(h)) };
     }
 
     /// # Safety
@@ -222,7 +225,7 @@ where
     #[allow(clippy::mut_from_ref)]
     unsafe fn consumer_mut(&self) -> &mut C {
         // SAFETY: exclusive per the contract.
-        unsafe { &mut *self.consumer.get() }
+        unsafe { self.consumer.with_mut(|p| &mut *p) }
     }
 
     /// Whether a consumer thread exists (running or being stopped).
@@ -315,7 +318,10 @@ where
             if e.kind.get() != DELEGATED {
                 return;
             }
-            let mut req = (*e.request.get()).take().expect("pending request");
+            let mut req = e
+                .request
+                .with_mut(|p| (*p).take())
+                .expect("pending request");
             let c = self.consumer_mut();
             loop {
                 match c.execute(req) {
@@ -523,7 +529,8 @@ where
         // SAFETY: we hold the lock (the guard).
         unsafe {
             let e = self.queue.entry(self.head());
-            *e.request.get() = Some(del());
+            let r = del();
+            e.request.with_mut(|p| *p = Some(r));
             e.kind.set(DELEGATED);
             if self.is_consumer_running() {
                 core::mem::forget(g);
@@ -745,7 +752,7 @@ where
     type Target = C;
     fn deref(&self) -> &C {
         // SAFETY: the guard proves we hold the lock.
-        unsafe { &*self.d.consumer.get() }
+        unsafe { self.d.consumer.with(|p| &*p) }
     }
 }
 
@@ -757,7 +764,7 @@ where
 {
     fn deref_mut(&mut self) -> &mut C {
         // SAFETY: the guard proves we hold the lock.
-        unsafe { &mut *self.d.consumer.get() }
+        unsafe { self.d.consumer.with_mut(|p| &mut *p) }
     }
 }
 

@@ -46,7 +46,6 @@
 //! first yields: the requester returns from [`Offloader::submit`] at once, as
 //! with the seed's parent-first spawn, and the executor then finds a batch.
 
-use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -55,7 +54,7 @@ use crossbeam_utils::CachePadded;
 use ct_sync::{SpinLock, SpinLockGuard};
 use ct_worker::{Ult, UltItf};
 
-use crate::sync::{AtomicBool, AtomicUsize, Backoff, Ordering};
+use crate::sync::{AtomicBool, AtomicUsize, Backoff, Ordering, ProtocolCell};
 
 /// Most commands the executor offers the device in one
 /// [`Device::post_batch`] call, and most completions the completer asks for
@@ -210,7 +209,7 @@ pub type Callback = Box<dyn FnOnce() + Send>;
 
 struct CmdSlot<C> {
     visible: AtomicBool,
-    cmd: UnsafeCell<MaybeUninit<(C, Callback)>>,
+    cmd: ProtocolCell<MaybeUninit<(C, Callback)>>,
 }
 
 struct DeviceState<D: Device> {
@@ -269,7 +268,7 @@ impl<D: Device, U: UltItf> Offloader<D, U> {
             slots: (0..capacity)
                 .map(|_| CmdSlot {
                     visible: AtomicBool::new(false),
-                    cmd: UnsafeCell::new(MaybeUninit::uninit()),
+                    cmd: ProtocolCell::new(MaybeUninit::uninit()),
                 })
                 .collect(),
             device: SpinLock::new(DeviceState {
@@ -318,7 +317,10 @@ impl<D: Device, U: UltItf> Offloader<D, U> {
         let c = t >> 1;
         let slot = self.slot(c);
         // SAFETY: the CAS reserved index c; its slot is free (c - head < cap).
-        unsafe { (*slot.cmd.get()).write((command, Box::new(on_complete))) };
+        unsafe {
+            slot.cmd
+                .with_mut(|p| (*p).write((command, Box::new(on_complete))))
+        };
         slot.visible.store(true, Ordering::Release);
         if t & 1 == 0 {
             // We set the "executor running" bit: start one.
@@ -411,7 +413,7 @@ impl<D: Device, U: UltItf> Offloader<D, U> {
                     }
                     // SAFETY: visible means written; we are the only
                     // executor.
-                    let (cmd, cb) = unsafe { (*slot.cmd.get()).assume_init_read() };
+                    let (cmd, cb) = unsafe { slot.cmd.with_mut(|p| (*p).assume_init_read()) };
                     slot.visible.store(false, Ordering::Relaxed);
                     h += 1;
                     let tag = match st.free_tags.pop() {

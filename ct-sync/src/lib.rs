@@ -53,7 +53,7 @@ pub use condvar::Condvar;
 pub use mcs_core::{McsCore, McsNode};
 pub use mutex::{FairMutex, Mutex, MutexGuard, RawFairMutex, RawLock, RawMutex};
 pub use spinlock::{McsSpinLock, SpinLock, SpinLockGuard};
-pub use sync::Backoff;
+pub use sync::{Backoff, ProtocolCell};
 
 /// Atomic types used by [`McsNode`] (loom's under `--cfg loom`).
 pub mod atomic {

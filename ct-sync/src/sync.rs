@@ -71,9 +71,11 @@ pub(crate) fn heavy_fence() {
 
 /// A cell whose accesses are made exclusive by a lock protocol (e.g. the MCS
 /// queue's `head`, only touched by the lock holder). Under loom, accesses
-/// are checked for causality.
+/// are checked for causality: two accesses that the protocol fails to order
+/// (one of them a write) fail the model. Shared with ct-delegate, whose
+/// queues keep their entries in such cells.
 #[derive(Debug)]
-pub(crate) struct ProtocolCell<T> {
+pub struct ProtocolCell<T> {
     #[cfg(not(loom))]
     inner: core::cell::UnsafeCell<T>,
     #[cfg(loom)]
@@ -82,17 +84,24 @@ pub(crate) struct ProtocolCell<T> {
 
 impl<T> ProtocolCell<T> {
     #[cfg(not(loom))]
-    pub(crate) const fn new(v: T) -> Self {
+    /// A cell holding `v`.
+    pub const fn new(v: T) -> Self {
         ProtocolCell {
             inner: core::cell::UnsafeCell::new(v),
         }
     }
 
     #[cfg(loom)]
-    pub(crate) fn new(v: T) -> Self {
+    /// A cell holding `v`.
+    pub fn new(v: T) -> Self {
         ProtocolCell {
             inner: loom::cell::UnsafeCell::new(v),
         }
+    }
+
+    /// The value (the cell is consumed, so no access can race).
+    pub fn into_inner(self) -> T {
+        self.inner.into_inner()
     }
 
     /// Runs `f` with shared (read) access.
@@ -102,8 +111,7 @@ impl<T> ProtocolCell<T> {
     /// The caller's protocol must guarantee that nobody writes the cell
     /// meanwhile.
     #[inline]
-    #[allow(dead_code)]
-    pub(crate) unsafe fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+    pub unsafe fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
         #[cfg(not(loom))]
         {
             f(self.inner.get())
@@ -121,7 +129,7 @@ impl<T> ProtocolCell<T> {
     /// The caller's protocol must guarantee that nobody else accesses the
     /// cell meanwhile.
     #[inline]
-    pub(crate) unsafe fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+    pub unsafe fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
         #[cfg(not(loom))]
         {
             f(self.inner.get())
@@ -133,49 +141,6 @@ impl<T> ProtocolCell<T> {
     }
 }
 
-/// Backs off in a wait loop: a few processor spin hints, then yields the
-/// thread through the threading interface (under loom: always yields, so the
-/// model makes progress). Shared with ct-delegate.
-#[derive(Debug)]
-pub struct Backoff {
-    #[cfg(not(loom))]
-    step: u32,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Backoff {
-    /// A fresh back-off (spinning first).
-    pub fn new() -> Self {
-        Backoff {
-            #[cfg(not(loom))]
-            step: 0,
-        }
-    }
-
-    /// One round of waiting; `yield_now` yields the caller (a user-level or
-    /// OS thread) once spinning has not helped.
-    #[inline]
-    pub fn snooze(&mut self, yield_now: impl FnOnce()) {
-        #[cfg(loom)]
-        {
-            let _ = yield_now;
-            loom::thread::yield_now();
-        }
-        #[cfg(not(loom))]
-        {
-            if self.step < 6 {
-                for _ in 0..1u32 << self.step {
-                    core::hint::spin_loop();
-                }
-                self.step += 1;
-            } else {
-                yield_now();
-            }
-        }
-    }
-}
+/// The workspace's one back-off (ct-worker's: spin, yield, park; never a
+/// sleep on a worker thread). Shared with ct-delegate.
+pub use ct_worker::Backoff;

@@ -32,6 +32,9 @@ pub enum Error {
     /// [`TraceAspect`](crate::TraceAspect) whose file cannot be created).
     #[error("{0}")]
     Aspect(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// An environment variable (`CT_*`) has a value that cannot be used.
+    #[error("{0}")]
+    Env(#[from] ct_config::Error),
     /// A worker thread could not be started.
     #[error("cannot start worker thread: {0}")]
     Spawn(#[source] std::io::Error),

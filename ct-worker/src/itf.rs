@@ -35,9 +35,9 @@ pub trait SuspendedThreadItf: Default + Send + Sync + 'static {
         Self: 'a,
     {
         for slot in slots {
-            let mut spins = 0u32;
+            let mut backoff = crate::Backoff::new();
             while !slot.notify_home() {
-                crate::sync::snooze(&mut spins);
+                backoff.snooze(std::thread::yield_now);
             }
         }
     }

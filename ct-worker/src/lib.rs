@@ -31,6 +31,10 @@
 //!   (and polled while it spins idle). `ct-sync`'s barrier publishes a
 //!   worker's arrivals in one atomic operation that way and has each worker
 //!   wake its own waiters.
+//! - **One back-off** ([`Backoff`]) for every wait loop of the workspace:
+//!   spin, yield (a user-level thread to its scheduler), then park an OS
+//!   thread briefly; a worker thread never sleeps (that would stop every
+//!   user-level thread on it).
 //! - **Per-worker pools** of stacks and descriptors that return memory to the
 //!   worker that allocated it.
 //! - **Stack sources and switch hooks**: the configuration chooses where
@@ -112,6 +116,7 @@
 #![warn(missing_docs)]
 
 mod aspect;
+mod backoff;
 mod config;
 mod deque;
 mod error;
@@ -139,6 +144,7 @@ pub mod unstable;
 mod worker;
 
 pub use aspect::{Aspect, AspectInit, NoAspect, StatsAspect, TraceAspect, WorkerStats};
+pub use backoff::Backoff;
 pub use config::{
     AsymmetricConfig, AsymmetricKind, ChaseLevKind, Config, Custom, DefaultConfig, DequeKind,
     LockedKind, StatsConfig, TraceConfig,

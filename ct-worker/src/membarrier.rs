@@ -14,7 +14,8 @@ use rustix::thread::{MembarrierCommand, membarrier, membarrier_query};
 static AVAILABLE: AtomicU8 = AtomicU8::new(0);
 
 /// Whether expedited private barriers can be used (registering the process
-/// on first call). `CT_NO_MEMBARRIER=1` forces the symmetric fallback.
+/// on first call). `CT_NO_MEMBARRIER=1` (or `true`, `yes`, `on`) forces the
+/// symmetric fallback; `0`, `false`, `no`, `off` keep `membarrier`.
 ///
 /// Inlined: after the first call it is one load of a byte, which hot paths
 /// (a mutex's unlock) pay on every call.
@@ -36,8 +37,14 @@ fn available_slow() -> bool {
     // registration: the `OnceLock` made it happen before the store.
     static ONCE: OnceLock<bool> = OnceLock::new();
     let yes = *ONCE.get_or_init(|| {
-        if std::env::var_os("CT_NO_MEMBARRIER").is_some_and(|v| v != "0") {
-            return false;
+        match ct_config::vars::CT_NO_MEMBARRIER.flag() {
+            Ok(Some(true)) => return false,
+            Ok(_) => {}
+            Err(e) => {
+                // Called from hot paths that cannot fail: say so once and
+                // keep membarrier.
+                eprintln!("ct-worker: {e}; using membarrier");
+            }
         }
         // An empty set where the kernel lacks the call.
         membarrier_query().contains_command(MembarrierCommand::PrivateExpedited)

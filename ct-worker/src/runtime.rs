@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crossbeam_deque::Injector;
 use crossbeam_utils::CachePadded;
+use ct_config::vars;
 
 use crate::aspect::{Aspect, AspectInit};
 use crate::config::{Config, DefaultConfig};
@@ -251,35 +252,17 @@ impl<T> BuilderPart<T> for Given<T> {
     }
 }
 
-fn env_usize(var: &str, err: fn(String) -> Error) -> Result<Option<usize>> {
-    match std::env::var(var) {
-        Ok(v) => parse_size(&v).map(Some).ok_or_else(|| err(v)),
-        Err(_) => Ok(None),
-    }
-}
-
-/// Parses `123`, `64k`, `2M` (binary units).
-fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, mult) = match s.chars().last()? {
-        'k' | 'K' => (&s[..s.len() - 1], 1024),
-        'm' | 'M' => (&s[..s.len() - 1], 1024 * 1024),
-        _ => (s, 1),
-    };
-    num.trim().parse::<usize>().ok()?.checked_mul(mult)
-}
-
 impl<S, H> Builder<S, H> {
-    /// Number of worker OS threads. Default: `CT_NUM_WORKERS`, else the
-    /// number of CPUs available to the process.
+    /// Number of worker OS threads (this value wins over `CT_NUM_WORKERS`;
+    /// without either, the number of CPUs available to the process).
     pub fn workers(mut self, n: usize) -> Self {
         self.workers = Some(n);
         self
     }
 
     /// Usable stack size of each user-level thread (a guard page is added).
-    /// Default: `CT_STACK_SIZE` (accepts `k`/`M` suffixes), else
-    /// [`DEFAULT_STACK_SIZE`].
+    /// This value wins over `CT_STACK_SIZE` (a size: `4096`, `64k`, `1M`);
+    /// without either, [`DEFAULT_STACK_SIZE`].
     pub fn stack_size(mut self, bytes: usize) -> Self {
         self.stack_size = Some(bytes);
         self
@@ -359,21 +342,20 @@ impl<S, H> Builder<S, H> {
         S: BuilderPart<C::Stacks>,
         H: BuilderPart<C::Hook>,
     {
-        let workers = match self.workers {
-            Some(0) => return Err(Error::InvalidWorkers("0".into())),
-            Some(n) => n,
-            None => match env_usize("CT_NUM_WORKERS", Error::InvalidWorkers)? {
-                Some(0) => return Err(Error::InvalidWorkers("0".into())),
-                Some(n) => n,
-                None => thread::available_parallelism().map_or(1, |n| n.get()),
-            },
-        };
-        let stack_size = match self.stack_size {
-            Some(s) => s,
-            None => {
-                env_usize("CT_STACK_SIZE", Error::InvalidStackSize)?.unwrap_or(DEFAULT_STACK_SIZE)
-            }
-        };
+        // Builder > environment > default (ct-config's precedence).
+        let (workers, _) = ct_config::pick(
+            self.workers,
+            || vars::CT_NUM_WORKERS.count_usize(),
+            || thread::available_parallelism().map_or(1, |n| n.get()),
+        )?;
+        if workers == 0 {
+            return Err(Error::InvalidWorkers("0".into()));
+        }
+        let (stack_size, _) = ct_config::pick(
+            self.stack_size,
+            || vars::CT_STACK_SIZE.size(),
+            || DEFAULT_STACK_SIZE,
+        )?;
         let mut stacks: C::Stacks = self.stacks.into_part();
         stacks.init(stack_size, workers)?;
         let hook: C::Hook = self.hook.into_part();
@@ -679,19 +661,5 @@ impl<C: Config> core::fmt::Debug for Runtime<C> {
             .field("workers", &self.shared.workers)
             .field("stack_size", &self.shared.stack_size)
             .finish()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_size;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Some(4096));
-        assert_eq!(parse_size("64k"), Some(65536));
-        assert_eq!(parse_size(" 2M "), Some(2 << 20));
-        assert_eq!(parse_size("x"), None);
-        assert_eq!(parse_size(""), None);
     }
 }

@@ -193,14 +193,9 @@ impl<'scope, 'env, C: Config> Scope<'scope, 'env, C> {
             // Last one out: the owner has dropped its own count and is parking
             // (or parked). Wake it; until it is parked, keep trying. After a
             // successful notify we never touch the scope again.
-            let mut spins = 0u32;
+            let mut backoff = crate::Backoff::new();
             while !(self.notify_owner)(core::ptr::from_ref(&self.owner).cast::<()>()) {
-                spins += 1;
-                if spins < 64 {
-                    core::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
+                backoff.snooze(std::thread::yield_now);
             }
         }
     }

@@ -239,7 +239,7 @@ impl<C: Config> SuspendedThread<C> {
     {
         let w = Worker::<C>::current();
         for slot in slots {
-            let mut spins = 0u32;
+            let mut backoff = crate::Backoff::new();
             loop {
                 match slot.take() {
                     Some(Parked::Ult(t)) => {
@@ -263,7 +263,7 @@ impl<C: Config> SuspendedThread<C> {
                         if let Some(w) = w {
                             w.flush_home();
                         }
-                        crate::sync::snooze(&mut spins);
+                        backoff.snooze(std::thread::yield_now);
                     }
                 }
             }

@@ -47,7 +47,7 @@ fn job_entry() {
         return;
     };
     let com: ShmCom<OsThreads> = menps_dsm::launch::Builder::new()
-        .nprocs(4)
+        .default_nprocs(4)
         .init_or_relaunch()
         .unwrap_or_else(|e| {
             eprintln!("cannot join the job: {e}");

@@ -568,7 +568,7 @@ fn job_entry() {
         return;
     };
     let com: ShmCom<OsThreads> = menps_dsm::launch::Builder::new()
-        .nprocs(2)
+        .default_nprocs(2)
         .grace(Duration::from_secs(3))
         .init_or_relaunch()
         .unwrap_or_else(|e| {

@@ -48,7 +48,7 @@ fn job_entry() {
 
 fn join<U: UltItf>() -> ShmCom<U> {
     menps_dsm::launch::Builder::new()
-        .nprocs(2)
+        .default_nprocs(2)
         .grace(Duration::from_secs(3))
         .init_or_relaunch::<ShmCom<U>>()
         .unwrap_or_else(|e| {

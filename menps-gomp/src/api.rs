@@ -134,7 +134,12 @@ static DYNAMIC_READ: std::sync::Once = std::sync::Once::new();
 fn dynamic_var() -> &'static AtomicBool {
     DYNAMIC_READ.call_once(|| {
         let _rt = menps_dsm::dsm::allocator::RuntimeGuard::enter();
-        let on = std::env::var("OMP_DYNAMIC").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
+        let on = ct_config::vars::OMP_DYNAMIC.flag().unwrap_or_else(|e| {
+            // As libgomp: a malformed value is reported and ignored.
+            eprintln!("menps-gomp: {e}; using false");
+            None
+        });
+        let on = on.unwrap_or(false);
         DYNAMIC.store(on, Ordering::Relaxed);
     });
     &DYNAMIC

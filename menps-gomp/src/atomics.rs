@@ -39,9 +39,10 @@
 //! published, and those other processes published by flushing are
 //! acquired. A flush that neither published nor acquired anything is a
 //! wait loop's: the thread backs off as every waiting thread of the runtime
-//! does (menps-omp's `Waiter`: processor hints, then yielding the
-//! user-level thread and the processor, then short sleeps), so a waiter
-//! does not take the core of the process it waits for.
+//! does (menps-omp's `Waiter`, on the workspace's one back-off: processor
+//! hints, then yielding the user-level thread and the processor; a worker
+//! thread never sleeps), so a waiter does not take the core of the process
+//! it waits for.
 //!
 //! In a job of one process, fences are patched only when the team has more
 //! threads than the process has workers: a wait loop could then hold the

@@ -44,10 +44,10 @@ static MAIN_TASK: AtomicUsize = AtomicUsize::new(0);
 /// the processes other than 0 printed before `main` started, such as
 /// constructors' output, is dropped); `rank0`: process 0's only; `all`:
 /// everything.
-pub const OUTPUT_VAR: &str = "MENPS_OMP_OUTPUT";
-/// Environment variable: `0` runs the program without the runtime taking
+pub const OUTPUT_VAR: &str = ct_config::vars::MENPS_OMP_OUTPUT.name;
+/// Environment variable: `0` (or `false`, `no`, `off`) runs the program without the runtime taking
 /// over `main` (OpenMP entry points then fail).
-pub const ENABLE_VAR: &str = "MENPS_GOMP";
+pub const ENABLE_VAR: &str = ct_config::vars::MENPS_GOMP.name;
 
 /// A function of the next object in the lookup order (libc's).
 fn next_symbol(name: &core::ffi::CStr) -> *mut c_void {
@@ -78,7 +78,10 @@ pub unsafe extern "C" fn __libc_start_main(
     let real: StartMain = unsafe { core::mem::transmute::<*mut c_void, StartMain>(real) };
     let take_over = {
         let exe = crate::image::read_executable();
-        let off = std::env::var_os(ENABLE_VAR).is_some_and(|v| v == "0");
+        let off = match ct_config::vars::MENPS_GOMP.flag() {
+            Ok(on) => on == Some(false),
+            Err(e) => die(e),
+        };
         !off && (exe.uses_openmp() || exe.contains(__libc_start_main as *const () as usize))
     };
     let main = if take_over {
@@ -137,10 +140,11 @@ unsafe extern "C-unwind" fn program_main(
 
 /// A job size announced by the environment (launcher or `mpirun`).
 fn env_size(name: &str) -> usize {
+    // Lenient: the launcher or the MPI library checks these properly.
     std::env::var(name)
         .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+        .and_then(|v| ct_config::parse::count(&v, 0, u64::MAX))
+        .map_or(0, |n| n as usize)
 }
 
 /// Binds every function of the executable at start-up (`LD_BIND_NOW`) in a
@@ -178,6 +182,9 @@ fn ensure_bind_now(argv: *const *const c_char) {
 /// Joins (or starts) the job and runs `main`.
 fn start(argc: c_int, argv: usize, envp: usize) -> Result<c_int, Error> {
     let _rt = RuntimeGuard::enter();
+    // The runtime's warnings reach the C program's stderr (a C program has
+    // no logger of its own).
+    ct_worker::log_to_stderr();
     ensure_bind_now(argv as *const *const c_char);
     let settings = Builder::new().settings()?;
     // A job of one process needs no launcher (nor address agreement).
@@ -188,20 +195,18 @@ fn start(argc: c_int, argv: usize, envp: usize) -> Result<c_int, Error> {
         menps_dsm::com::AnyCom::Shm(menps_dsm::com::ShmCom::single()?)
     } else {
         menps_dsm::launch::Builder::new()
-            .nprocs(1)
+            .default_nprocs(1)
             .init_or_relaunch()?
     };
     let rank = com.rank();
     if rank != 0 {
-        match std::env::var(OUTPUT_VAR).as_deref().map(str::trim) {
-            Ok("all") => {}
-            Ok("rank0") => silence_stdout(),
-            Ok("threads") | Err(_) => drop_pending_stdout(),
-            Ok(other) => {
-                return Err(Error::Config(format!(
-                    "{OUTPUT_VAR}={other:?}: expected threads, rank0 or all"
-                )));
-            }
+        let output = ct_config::vars::MENPS_OMP_OUTPUT
+            .choice()
+            .map_err(|e| Error::Config(e.to_string()))?;
+        match output {
+            Some("all") => {}
+            Some("rank0") => silence_stdout(),
+            _ => drop_pending_stdout(),
         }
     }
     let hooks = StartHooks {

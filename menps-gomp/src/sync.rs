@@ -85,7 +85,10 @@ pub extern "C" fn GOMP_barrier_cancel() -> bool {
 /// which this runtime does not offer.
 fn cancellation_requested() -> bool {
     let _rt = RuntimeGuard::enter();
-    std::env::var("OMP_CANCELLATION").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    match ct_config::vars::OMP_CANCELLATION.flag() {
+        Ok(on) => on.unwrap_or(false),
+        Err(e) => die(e),
+    }
 }
 
 /// `GOMP_cancellation_point`: never cancelled (cancellation is off).

@@ -4,9 +4,9 @@
 use core::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use ct_config::vars;
 use ct_worker::OsThreads;
 use menps_dsm::com::{AnyCom, Comm};
-use menps_dsm::dsm::config::parse_size;
 use menps_dsm::dsm::team::Team;
 use menps_dsm::dsm::{Dsm, DsmConfig};
 
@@ -22,16 +22,16 @@ pub type Com = AnyCom<OsThreads>;
 pub type ProgramDsm = Dsm<Com, OsThreads>;
 
 /// `OMP_NUM_THREADS`: threads of a team (all processes together).
-pub const NUM_THREADS_VAR: &str = "OMP_NUM_THREADS";
+pub const NUM_THREADS_VAR: &str = vars::OMP_NUM_THREADS.name;
 /// `OMP_SCHEDULE`: the schedule of `Schedule::Runtime` loops.
-pub const SCHEDULE_VAR: &str = "OMP_SCHEDULE";
+pub const SCHEDULE_VAR: &str = vars::OMP_SCHEDULE.name;
 /// `OMP_STACKSIZE`: the call stack of a team thread (OpenMP syntax: a
 /// number of KiB, or a number with a `B`, `K`, `M` or `G` suffix).
-pub const STACKSIZE_VAR: &str = "OMP_STACKSIZE";
+pub const STACKSIZE_VAR: &str = vars::OMP_STACKSIZE.name;
 /// `OMP_WAIT_POLICY`: `active` (waiting threads stay awake longer, for
 /// the shortest waits) or `passive` (they sleep soon, leaving the
 /// processors to others).
-pub const WAIT_POLICY_VAR: &str = "OMP_WAIT_POLICY";
+pub const WAIT_POLICY_VAR: &str = vars::OMP_WAIT_POLICY.name;
 
 /// Write notices a signature keeps in programs of this runtime (unless
 /// `MENPS_DSM_WN_LIST` says otherwise).
@@ -39,9 +39,11 @@ const OMP_WN_LIST: usize = 16 * 1024;
 
 /// How a program runs: processes, team size, schedule, stack size. Values
 /// set here win over the environment (`OMP_NUM_THREADS`, `OMP_SCHEDULE`,
-/// `OMP_STACKSIZE`), which wins over the defaults; the number of processes
-/// follows menps-dsm's launcher, where `MENPS_NPROCS` overrides the
-/// program's choice.
+/// `OMP_STACKSIZE`), which wins over the defaults (the workspace's one
+/// precedence; the variables are read by `ct-config`'s parser). The number
+/// of processes is the one exception: [`Builder::processes`] is a default
+/// that `MENPS_NPROCS` overrides, since the size of a job is the user's to
+/// choose (as with `menps run -n` and `mpirun -n`).
 #[derive(Debug, Clone, Default)]
 pub struct Builder {
     processes: Option<usize>,
@@ -94,9 +96,9 @@ impl Builder {
         Self::default()
     }
 
-    /// Processes to start when the program is not already part of a job
-    /// (default 1; `MENPS_NPROCS` overrides it, and a job started by
-    /// `menps run -n N` or `mpirun -n N` has N).
+    /// Processes to start by default when the program is not already part
+    /// of a job (default 1; `MENPS_NPROCS` wins over it, and a job started
+    /// by `menps run -n N` or `mpirun -n N` has N).
     pub fn processes(mut self, n: usize) -> Self {
         self.processes = Some(n);
         self
@@ -117,7 +119,8 @@ impl Builder {
     }
 
     /// Bytes of a team thread's call stack (rounded up to a power of two,
-    /// 4 KiB .. 1 MiB; default 128 KiB). `MENPS_DSM_STACK_SIZE` overrides.
+    /// 4 KiB .. 1 MiB; default 128 KiB). Wins over `OMP_STACKSIZE`, which
+    /// wins over `MENPS_DSM_STACK_SIZE`.
     pub fn stack_size(mut self, bytes: usize) -> Self {
         self.stack_size = Some(bytes);
         self
@@ -125,30 +128,23 @@ impl Builder {
 
     #[doc(hidden)]
     pub fn settings(&self) -> Result<Settings, Error> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        let num_threads = match self.num_threads {
-            Some(n) => Some(n),
-            None => var(NUM_THREADS_VAR)
-                .map(|v| {
-                    // OpenMP allows a list (one per nesting level); the first
-                    // counts, nested regions are serial here.
-                    let first = v.split(',').next().unwrap_or("").trim();
-                    first.parse::<usize>().map_err(|_| {
-                        Error::Config(format!(
-                            "{NUM_THREADS_VAR}={v:?}: expected a positive number"
-                        ))
-                    })
-                })
-                .transpose()?,
-        };
+        let env = |e: ct_config::Error| Error::Config(e.to_string());
+        // Builder > environment > default (ct-config's precedence).
+        let (num_threads, from) = ct_config::pick(
+            self.num_threads.map(Some),
+            || {
+                // OpenMP allows a list (one per nesting level); the first
+                // counts, nested regions are serial here.
+                vars::OMP_NUM_THREADS
+                    .parse_with(|v| ct_config::parse::count(v.split(',').next()?, 1, u64::MAX))
+                    .map(|n| n.map(|n| Some(n as usize)))
+            },
+            || None,
+        )
+        .map_err(env)?;
         if num_threads == Some(0) {
             return Err(Error::Config(format!(
-                "{} of 0 threads: a team has at least one",
-                if self.num_threads.is_some() {
-                    "Builder::num_threads".to_string()
-                } else {
-                    NUM_THREADS_VAR.to_string()
-                }
+                "{from} of 0 threads: a team has at least one (Builder::num_threads)"
             )));
         }
         let schedule = match self.schedule {
@@ -159,19 +155,17 @@ impl Builder {
                 ));
             }
             Some(s) => s,
-            None => var(SCHEDULE_VAR)
-                .map(|v| {
-                    Schedule::parse(&v).map_err(|e| Error::Config(format!("{SCHEDULE_VAR}={e}")))
-                })
-                .transpose()?
+            None => vars::OMP_SCHEDULE
+                .parse_with(|v| Schedule::parse(v).ok())
+                .map_err(env)?
                 .unwrap_or_default(),
         };
-        let stack_size = match self.stack_size {
-            Some(b) => Some(b),
-            None => var(STACKSIZE_VAR)
-                .map(|v| parse_omp_stacksize(&v))
-                .transpose()?,
-        };
+        let (stack_size, _) = ct_config::pick(
+            self.stack_size.map(Some),
+            || vars::OMP_STACKSIZE.size().map(|b| b.map(Some)),
+            || None,
+        )
+        .map_err(env)?;
         let stack_size = stack_size
             .map(|b| {
                 let p = b.max(4096).next_power_of_two();
@@ -185,12 +179,8 @@ impl Builder {
                 }
             })
             .transpose()?;
-        let wait_policy = match var(WAIT_POLICY_VAR) {
-            Some(v) => WaitPolicy::parse(&v).ok_or_else(|| {
-                Error::Config(format!(
-                    "{WAIT_POLICY_VAR}={v:?}: expected active or passive"
-                ))
-            })?,
+        let wait_policy = match vars::OMP_WAIT_POLICY.choice().map_err(env)? {
+            Some(v) => WaitPolicy::parse(v).unwrap_or(WaitPolicy::Default),
             None => WaitPolicy::Default,
         };
         Ok(Settings {
@@ -229,7 +219,7 @@ impl Builder {
         }
         let settings = self.settings()?;
         let com: Com = menps_dsm::launch::Builder::new()
-            .nprocs(self.processes.unwrap_or(1))
+            .default_nprocs(self.processes.unwrap_or(1))
             .init_or_relaunch()?;
         let rank = com.rank();
         match run_in_job(com, &settings, StartHooks::RUST, main) {
@@ -254,27 +244,6 @@ impl Builder {
     }
 }
 
-/// Parses `OMP_STACKSIZE`: a number of KiB, or with a B/K/M/G suffix.
-fn parse_omp_stacksize(v: &str) -> Result<usize, Error> {
-    let t = v.trim();
-    let t = match t.strip_suffix(['b', 'B']) {
-        Some(bytes) => {
-            return parse_size(STACKSIZE_VAR, bytes).map_err(|e| Error::Config(e.to_string()));
-        }
-        None => t,
-    };
-    let with_unit = if t.ends_with(|c: char| c.is_ascii_digit()) {
-        format!("{t}k")
-    } else {
-        t.to_string()
-    };
-    parse_size(STACKSIZE_VAR, &with_unit).map_err(|_| {
-        Error::Config(format!(
-            "{STACKSIZE_VAR}={v:?}: expected a size such as 512K, 1M or 65536B"
-        ))
-    })
-}
-
 /// Runs the program in a job already joined.
 pub fn run_in_job<R: Send>(
     com: Com,
@@ -297,18 +266,24 @@ pub fn run_in_job<R: Send>(
     };
     let tpp = team_default.div_ceil(nprocs);
     s.wait_policy.apply();
-    let mut cfg = DsmConfig::default();
-    if let Some(b) = s.stack_size {
-        cfg.stack_size = b;
-    }
+    // The runtime's tuning is a default the `MENPS_DSM_*` variables
+    // override; a team stack size from the program or `OMP_STACKSIZE` wins
+    // over `MENPS_DSM_STACK_SIZE`.
+    let mut tuned = DsmConfig::default();
     // Room for main, the serving thread, the team threads and tasks.
-    cfg.stacks_per_process = cfg.stacks_per_process.max(4 * tpp + 8 + hooks.extra_stacks);
+    tuned.stacks_per_process = tuned
+        .stacks_per_process
+        .max(4 * tpp + 8 + hooks.extra_stacks);
     // OpenMP loops write every page of their arrays between two barriers;
     // a write-notice list shorter than that truncates at every barrier,
     // and a truncated signature invalidates every copy (a 2-D stencil of
     // 8 MiB over 2 processes ran 2-3x slower with the DSM's default 1024).
-    cfg.wn_list_len = cfg.wn_list_len.max(OMP_WN_LIST);
-    let cfg = cfg.with_env()?;
+    tuned.wn_list_len = tuned.wn_list_len.max(OMP_WN_LIST);
+    let mut builder = DsmConfig::builder().defaults(tuned);
+    if let Some(b) = s.stack_size {
+        builder = builder.stack_size(b);
+    }
+    let cfg = builder.build()?;
     let dsm: &'static ProgramDsm = Box::leak(Box::new(Dsm::with_config(com, cfg)?));
     let r = match hooks.after_dsm.map_or(Ok(()), |f| f(dsm)) {
         Ok(()) => run_with_dsm(dsm, s, team_default, tpp, main),

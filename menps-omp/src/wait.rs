@@ -1,15 +1,16 @@
-//! Waiting for another thread, possibly in another process: ct-sync's
-//! back-off, yielding the user-level thread (other team threads or tasks of
-//! this worker run meanwhile) and then the processor (another process may
-//! need it), sleeping briefly once the wait is long.
+//! Waiting for another thread, possibly in another process: the
+//! workspace's one back-off (`ct_sync::Backoff`), spinning, then yielding
+//! the user-level thread (other team threads or tasks of this worker run
+//! meanwhile) and the processor (another process may need it); once the
+//! wait is long, an OS thread parks briefly, while a worker thread keeps
+//! yielding (sleeping would stop every user-level thread of the worker).
 
 use core::sync::atomic::{AtomicU32, Ordering};
-use core::time::Duration;
 
 use ct_sync::Backoff;
 use menps_dsm::dsm::team::TeamConfig;
 
-/// Rounds of yielding before a wait starts to sleep: `OMP_WAIT_POLICY`
+/// Rounds of yielding before a wait parks (off a worker): `OMP_WAIT_POLICY`
 /// (`active`: long, `passive`: short; default in between).
 static YIELDS_BEFORE_SLEEP: AtomicU32 = AtomicU32::new(DEFAULT_YIELDS);
 const DEFAULT_YIELDS: u32 = 256;
@@ -17,9 +18,9 @@ const DEFAULT_YIELDS: u32 = 256;
 /// `OMP_WAIT_POLICY`: how long waiting threads stay awake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitPolicy {
-    /// Keep yielding long before sleeping (`active`).
+    /// Keep yielding long before parking (`active`).
     Active,
-    /// Sleep soon (`passive`).
+    /// Park soon (`passive`; a worker thread yields instead).
     Passive,
     /// The default.
     Default,
@@ -45,14 +46,18 @@ impl WaitPolicy {
         YIELDS_BEFORE_SLEEP.store(yields, Ordering::Relaxed);
     }
 }
-/// Longest sleep of a waiting thread.
-const MAX_SLEEP: Duration = Duration::from_micros(200);
-
 /// One wait loop's state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Waiter {
     backoff: Backoff,
-    rounds: u32,
+}
+
+impl Default for Waiter {
+    fn default() -> Self {
+        Waiter {
+            backoff: Backoff::parking(YIELDS_BEFORE_SLEEP.load(Ordering::Relaxed)),
+        }
+    }
 }
 
 impl Waiter {
@@ -62,18 +67,11 @@ impl Waiter {
     }
 
     /// One round of waiting.
+    #[inline]
     pub fn wait(&mut self) {
-        let rounds = &mut self.rounds;
-        let awake = YIELDS_BEFORE_SLEEP.load(Ordering::Relaxed);
         self.backoff.snooze(|| {
-            *rounds += 1;
             ct_worker::yield_now_in::<TeamConfig>();
-            if *rounds < awake {
-                std::thread::yield_now();
-            } else {
-                let us = 1u64 << ((*rounds - awake) / 16).min(8);
-                std::thread::sleep(Duration::from_micros(us).min(MAX_SLEEP));
-            }
+            std::thread::yield_now();
         });
     }
 }

@@ -1,18 +1,19 @@
 //! The MCS-list delegation queue.
 
-use core::cell::Cell;
 use core::ptr::{self, NonNull};
 
 use crossbeam_utils::CachePadded;
 
 use super::{DelegationQueue, Enqueued};
-use crate::sync::{AtomicPtr, Ordering};
+use crate::sync::{AtomicPtr, Ordering, ProtocolCell};
 
 struct ListNode<E> {
     next: AtomicPtr<ListNode<E>>,
     /// The predecessor, kept from enqueue to publish.
-    prev: Cell<*mut ListNode<E>>,
-    entry: E,
+    prev: ProtocolCell<*mut ListNode<E>>,
+    /// Written before the node is published, read by holders after
+    /// (loom-checked).
+    entry: ProtocolCell<E>,
 }
 
 /// Handle of an [`McsQueue`] entry.
@@ -67,8 +68,8 @@ const fn pooled<E>() -> bool {
 fn alloc<E>(entry: E) -> NonNull<ListNode<E>> {
     let node = ListNode {
         next: AtomicPtr::new(ptr::null_mut()),
-        prev: Cell::new(ptr::null_mut()),
-        entry,
+        prev: ProtocolCell::new(ptr::null_mut()),
+        entry: ProtocolCell::new(entry),
     };
     if pooled::<E>() {
         let p = ct_sync::node_pool::take().cast::<ListNode<E>>();
@@ -92,11 +93,11 @@ unsafe fn free<E>(p: NonNull<ListNode<E>>) -> E {
         unsafe {
             let node = ptr::read(p.as_ptr());
             ct_sync::node_pool::put(p.cast());
-            node.entry
+            node.entry.into_inner()
         }
     } else {
         // SAFETY: per the contract, a leaked box.
-        unsafe { Box::from_raw(p.as_ptr()) }.entry
+        unsafe { Box::from_raw(p.as_ptr()) }.entry.into_inner()
     }
 }
 
@@ -138,7 +139,7 @@ unsafe impl<E: Send + 'static> DelegationQueue<E> for McsQueue<E> {
             return Ok(Enqueued::Acquired(NodeRef(node)));
         }
         // SAFETY: the node is ours until published.
-        unsafe { node.as_ref().prev.set(prev) };
+        unsafe { node.as_ref().prev.with_mut(|p| *p = prev) };
         Ok(Enqueued::Queued(NodeRef(node)))
     }
 
@@ -146,15 +147,16 @@ unsafe impl<E: Send + 'static> DelegationQueue<E> for McsQueue<E> {
     unsafe fn publish(&self, h: NodeRef<E>) {
         // SAFETY: the predecessor stays alive until its holder sees this link.
         unsafe {
-            let prev = h.0.as_ref().prev.get();
+            let prev = h.0.as_ref().prev.with(|p| *p);
             (*prev).next.store(h.0.as_ptr(), Ordering::Release);
         }
     }
 
     #[inline]
     unsafe fn entry(&self, h: NodeRef<E>) -> &E {
-        // SAFETY: per the contract the node is alive.
-        unsafe { &h.0.as_ref().entry }
+        // SAFETY: per the contract the node is alive, and its entry is only
+        // read from now on.
+        unsafe { h.0.as_ref().entry.with(|p| &*p) }
     }
 
     #[inline]

@@ -103,37 +103,56 @@ mod loom_tests {
     use loom::sync::Arc;
     use loom::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Each thread enqueues a value. A thread that acquires the lock becomes
-    /// the holder: it takes its own value and every published value behind
-    /// it, then releases. Every value is taken exactly once, and the lock ends
-    /// free.
-    fn delegation_protocol<Q: DelegationQueue<usize>>(threads: usize) {
-        let q = Arc::new(Q::new());
+    /// What a delegator does with a queue, `rounds` times per thread: each
+    /// thread enqueues a value (yielding and retrying while a ring is full).
+    /// A thread that acquires the lock becomes the holder: it takes its own
+    /// value and every published value behind it, then releases; a queued
+    /// thread publishes its entry and goes on to its next round. Several
+    /// rounds on a small ring make slots wrap around and be reused while
+    /// other threads still work on their neighbours. Every value is taken
+    /// exactly once, and the lock ends free.
+    fn delegation_protocol<Q: DelegationQueue<usize>>(threads: usize, rounds: usize) {
+        on_queue(Q::new(), threads, rounds);
+    }
+
+    /// [`delegation_protocol`] on `q`.
+    fn on_queue<Q: DelegationQueue<usize>>(q: Q, threads: usize, rounds: usize) {
+        let q = Arc::new(q);
         let taken = Arc::new(AtomicUsize::new(0));
         let hs: Vec<_> = (0..threads)
             .map(|i| {
                 let (q, taken) = (q.clone(), taken.clone());
                 loom::thread::spawn(move || {
-                    let bit = 1usize << i;
-                    match q.enqueue(bit) {
-                        Ok(Enqueued::Queued(h)) => unsafe { q.publish(h) },
-                        Ok(Enqueued::Acquired(mut head)) => unsafe {
-                            taken.fetch_or(*q.entry(head), Ordering::Relaxed);
-                            loop {
-                                if let Some(next) = q.next(head) {
-                                    let v = *q.entry(next);
-                                    let old = taken.fetch_or(v, Ordering::Relaxed);
-                                    assert_eq!(old & v, 0, "value taken twice");
-                                    q.advance(head, next);
-                                    head = next;
-                                } else if q.try_unlock(head) {
-                                    break;
-                                } else {
+                    for r in 0..rounds {
+                        let mut bit = 1usize << (i * rounds + r);
+                        let entered = loop {
+                            match q.enqueue(bit) {
+                                Ok(e) => break e,
+                                Err(back) => {
+                                    bit = back;
                                     loom::thread::yield_now();
                                 }
                             }
-                        },
-                        Err(_) => panic!("queue full"),
+                        };
+                        match entered {
+                            Enqueued::Queued(h) => unsafe { q.publish(h) },
+                            Enqueued::Acquired(mut head) => unsafe {
+                                taken.fetch_or(*q.entry(head), Ordering::Relaxed);
+                                loop {
+                                    if let Some(next) = q.next(head) {
+                                        let v = *q.entry(next);
+                                        let old = taken.fetch_or(v, Ordering::Relaxed);
+                                        assert_eq!(old & v, 0, "value taken twice");
+                                        q.advance(head, next);
+                                        head = next;
+                                    } else if q.try_unlock(head) {
+                                        break;
+                                    } else {
+                                        loom::thread::yield_now();
+                                    }
+                                }
+                            },
+                        }
                     }
                 })
             })
@@ -143,7 +162,7 @@ mod loom_tests {
         }
         assert_eq!(
             taken.load(Ordering::Relaxed),
-            (1 << threads) - 1,
+            (1 << (threads * rounds)) - 1,
             "every value taken"
         );
         assert!(!q.is_locked());
@@ -151,13 +170,27 @@ mod loom_tests {
 
     #[test]
     fn loom_mcs_queue_protocol() {
-        ct_sync::loom_itf::model(3, || delegation_protocol::<McsQueue<usize>>(2));
-        ct_sync::loom_itf::model(1, || delegation_protocol::<McsQueue<usize>>(3));
+        ct_sync::loom_itf::model(3, || delegation_protocol::<McsQueue<usize>>(2, 1));
+        ct_sync::loom_itf::model(1, || delegation_protocol::<McsQueue<usize>>(3, 1));
+        ct_sync::loom_itf::model(1, || delegation_protocol::<McsQueue<usize>>(2, 2));
     }
 
     #[test]
     fn loom_ring_queue_protocol() {
-        ct_sync::loom_itf::model(3, || delegation_protocol::<RingQueue<usize, 4>>(2));
-        ct_sync::loom_itf::model(1, || delegation_protocol::<RingQueue<usize, 4>>(3));
+        ct_sync::loom_itf::model(3, || delegation_protocol::<RingQueue<usize, 4>>(2, 1));
+        ct_sync::loom_itf::model(1, || delegation_protocol::<RingQueue<usize, 4>>(3, 1));
+        // Two slots for four entries: slots are reused and the ring fills.
+        ct_sync::loom_itf::model(2, || delegation_protocol::<RingQueue<usize, 2>>(2, 2));
+    }
+
+    /// The models catch a seeded bug: a ring queue that releases its lock
+    /// before clearing its holder's slot lets the next holder write the
+    /// slot while it is still being cleared (a loom causality violation).
+    #[test]
+    #[should_panic(expected = "Causality violation")]
+    fn loom_ring_queue_models_catch_a_seeded_bug() {
+        ct_sync::loom_itf::model(2, || {
+            on_queue(RingQueue::<usize, 2>::with_seeded_bug(), 2, 2);
+        });
     }
 }

@@ -1,18 +1,19 @@
 //! The ring-buffer delegation queue.
 
-use core::cell::UnsafeCell;
 use core::mem::MaybeUninit;
 
 use crossbeam_utils::CachePadded;
 
 use super::{DelegationQueue, Enqueued};
-use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering, ProtocolCell};
 
 struct Slot<E> {
     ready: AtomicBool,
     /// Whether `entry` holds a value (only the writer or holder touches it).
     live: AtomicBool,
-    entry: UnsafeCell<MaybeUninit<E>>,
+    /// The entry (a loom-checked cell: the queue protocol, not a lock,
+    /// keeps its accesses apart).
+    entry: ProtocolCell<MaybeUninit<E>>,
 }
 
 /// A ring of `CAP` entries (default 128). The tail counter holds the number
@@ -27,6 +28,10 @@ pub struct RingQueue<E, const CAP: usize = 128> {
     /// Slots of older entries are free.
     head: CachePadded<AtomicUsize>,
     slots: Box<[Slot<E>]>,
+    /// A bug that the loom models must find (under `--cfg loom` only): the
+    /// lock is released before the holder's slot is cleared.
+    #[cfg(loom)]
+    seeded_bug: bool,
 }
 
 // SAFETY: entries move between threads only through the queue protocol.
@@ -44,6 +49,17 @@ impl<E, const CAP: usize> core::fmt::Debug for RingQueue<E, CAP> {
 }
 
 impl<E, const CAP: usize> RingQueue<E, CAP> {
+    /// A queue with the seeded bug (see the `seeded_bug` field).
+    #[cfg(loom)]
+    pub(crate) fn with_seeded_bug() -> Self
+    where
+        E: Send + 'static,
+    {
+        let mut q = <Self as DelegationQueue<E>>::new();
+        q.seeded_bug = true;
+        q
+    }
+
     fn slot(&self, i: usize) -> &Slot<E> {
         &self.slots[i % CAP]
     }
@@ -55,8 +71,8 @@ impl<E, const CAP: usize> RingQueue<E, CAP> {
     /// Slot `i` must be free and reserved by the caller.
     unsafe fn fill(&self, i: usize, entry: E) {
         let s = self.slot(i);
-        // SAFETY: per the contract.
-        unsafe { (*s.entry.get()).write(entry) };
+        // SAFETY: per the contract, nobody else uses the slot.
+        unsafe { s.entry.with_mut(|p| (*p).write(entry)) };
         s.live.store(true, Ordering::Relaxed);
     }
 
@@ -71,7 +87,7 @@ impl<E, const CAP: usize> RingQueue<E, CAP> {
         if s.live.swap(false, Ordering::Relaxed) {
             // SAFETY: `live` says the entry is initialised; per the contract it
             // is unused.
-            unsafe { (*s.entry.get()).assume_init_drop() };
+            unsafe { s.entry.with_mut(|p| (*p).assume_init_drop()) };
         }
         s.ready.store(false, Ordering::Relaxed);
     }
@@ -83,7 +99,7 @@ impl<E, const CAP: usize> Drop for RingQueue<E, CAP> {
         for s in self.slots.iter_mut() {
             if s.live.load(Ordering::Relaxed) {
                 // SAFETY: `live` marks initialised entries; we are the last user.
-                unsafe { s.entry.get_mut().assume_init_drop() };
+                unsafe { s.entry.with_mut(|p| (*p).assume_init_drop()) };
             }
         }
     }
@@ -104,9 +120,11 @@ unsafe impl<E: Send + 'static, const CAP: usize> DelegationQueue<E> for RingQueu
                 .map(|_| Slot {
                     ready: AtomicBool::new(false),
                     live: AtomicBool::new(false),
-                    entry: UnsafeCell::new(MaybeUninit::uninit()),
+                    entry: ProtocolCell::new(MaybeUninit::uninit()),
                 })
                 .collect(),
+            #[cfg(loom)]
+            seeded_bug: false,
         }
     }
 
@@ -169,8 +187,9 @@ unsafe impl<E: Send + 'static, const CAP: usize> DelegationQueue<E> for RingQueu
 
     #[inline]
     unsafe fn entry(&self, h: usize) -> &E {
-        // SAFETY: per the contract the entry is initialised and alive.
-        unsafe { (*self.slot(h).entry.get()).assume_init_ref() }
+        // SAFETY: per the contract the entry is initialised and alive, and
+        // only read until the holder moves past it.
+        unsafe { self.slot(h).entry.with(|p| (*p).assume_init_ref()) }
     }
 
     #[inline]
@@ -192,6 +211,18 @@ unsafe impl<E: Send + 'static, const CAP: usize> DelegationQueue<E> for RingQueu
         // Clear first: once the lock is free, the next holder may move `head`
         // on and producers may reuse this slot. If the CAS fails the (dropped)
         // entry simply stays the head until `advance`.
+        #[cfg(loom)]
+        if self.seeded_bug {
+            // The seeded bug: unlock first, clear after. A new holder may by
+            // then have reused the slot; the loom models must catch it.
+            let ok = self
+                .tail
+                .compare_exchange((c << 1) | 1, c << 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+            // SAFETY: none; this is the bug.
+            unsafe { self.clear(head) };
+            return ok;
+        }
         // SAFETY: the holder is done with its head entry.
         unsafe { self.clear(head) };
         self.tail

@@ -153,10 +153,14 @@ impl TraceAspect {
 
 impl Aspect for TraceAspect {
     fn new(init: &AspectInit) -> Self {
-        let path = init
-            .trace_path
-            .clone()
-            .or_else(|| std::env::var_os("CT_TRACE").map(PathBuf::from));
+        let path = init.trace_path.clone().or_else(|| {
+            // Builder > environment; an empty value is refused by
+            // `try_new`.
+            ct_config::vars::CT_TRACE
+                .raw()
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        });
         TraceAspect {
             path,
             file: std::sync::Mutex::new(None),
@@ -168,6 +172,14 @@ impl Aspect for TraceAspect {
     }
 
     fn try_new(init: &AspectInit) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        if init.trace_path.is_none()
+            && ct_config::vars::CT_TRACE
+                .raw()
+                .is_some_and(|v| v.to_string_lossy().trim().is_empty())
+        {
+            // Set but empty: the parser's error, naming the variable.
+            ct_config::vars::CT_TRACE.text()?;
+        }
         let this = Self::new(init);
         if let Some(path) = &this.path {
             let from = if init.trace_path.is_some() {

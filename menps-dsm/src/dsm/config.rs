@@ -1,24 +1,21 @@
 //! DSM configuration: protocol policies and sizes, from a builder and the
 //! environment.
 //!
-//! | variable | meaning | default |
-//! |---|---|---|
-//! | `MENPS_DSM_WRITER` | writer management: `floating` (home = last releaser) or `fixed` (block-cyclic homes) | `floating` |
-//! | `MENPS_DSM_INVALIDATION` | `hybrid` (leases + write notices), `timestamp` (leases only) or `directory` (sharer sets) | `hybrid` |
-//! | `MENPS_DSM_FAST_RELEASE` | `1`/`0`: skip the global lock when a block has not migrated | `1` |
-//! | `MENPS_DSM_FAST_READ` | `1`/`0`: re-read an invalidated block from its write notice's writer (off by default: with four processes writing neighbouring rows of the same blocks in an LU-style flush pipeline it returned stale data; the cause is not found yet) | `0` |
-//! | `MENPS_DSM_RACE_DETECTION` | `1`/`0`: report write-write races found while merging | `1` |
-//! | `MENPS_DSM_ON_RACE` | what a detected race does: `stop` (the DSM fails with the report) or `report` (each racing word reported once on stderr; the merging process's value is kept and the run goes on) | `stop` |
-//! | `MENPS_DSM_BLOCK_SIZE` | default block size of segments (power of two, 4 KiB .. 1 MiB; `k`/`M` suffixes) | `32k` |
-//! | `MENPS_DSM_WN_LIST` | write notices a signature keeps before truncating (hybrid only) | `1024` |
-//! | `MENPS_DSM_LEASE` | logical lease added to a block's read timestamp | `10` |
-//! | `MENPS_DSM_HEAP_SIZE` | size of the DSM heap (`k`/`M`/`G` suffixes) | `1G` |
-//! | `MENPS_DSM_HEAP_BLOCK_SIZE` | coherence block of the DSM heap (power of two, 4 KiB .. 1 MiB; a divisor of the heap size) | `4k` |
-//! | `MENPS_DSM_MUTEXES` | number of DSM mutexes that can exist at once | `1024` |
-//! | `MENPS_DSM_STACK_SIZE` | size of a call stack in the DSM (power of two, 4 KiB .. 1 MiB; in 8 KiB blocks) | `128k` |
-//! | `MENPS_DSM_STACKS` | call stacks each process can have at once (0: no stack region) | `32` |
+//! Every setting comes from, in this order of precedence: a value given to
+//! [`DsmConfigBuilder`] by the program; otherwise its `MENPS_DSM_*`
+//! variable (read by `ct-config`'s parser; the README's table lists them);
+//! otherwise the default ([`DsmConfig::default`], or the defaults an
+//! embedding runtime gives [`DsmConfigBuilder::defaults`]). The environment
+//! no longer overrides the program's values.
 //!
-//! Builder values are defaults; the variables override them.
+//! ```
+//! use menps_dsm::dsm::{DsmConfig, WriterPolicy};
+//! // The program's choice stands whatever MENPS_DSM_WRITER says.
+//! let cfg = DsmConfig::builder().writer(WriterPolicy::Fixed).build().unwrap();
+//! assert_eq!(cfg.writer, WriterPolicy::Fixed);
+//! ```
+
+use ct_config::vars;
 
 use super::error::{DsmError, DsmResult};
 
@@ -143,80 +140,206 @@ pub const MAX_MUTEXES: usize = 1 << 16;
 /// Largest number of processes the directory policy supports (one bit each).
 pub const MAX_DIRECTORY_PROCS: usize = 64;
 
-impl DsmConfig {
-    /// The configuration with every `MENPS_DSM_*` variable applied.
-    pub fn with_env(mut self) -> DsmResult<Self> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        if let Some(v) = var("MENPS_DSM_WRITER") {
-            self.writer = match v.trim() {
-                "floating" => WriterPolicy::Floating,
-                "fixed" => WriterPolicy::Fixed,
-                other => {
-                    return Err(DsmError::Config(format!(
-                        "MENPS_DSM_WRITER={other:?}: expected `floating` or `fixed`"
-                    )));
-                }
-            };
-        }
-        if let Some(v) = var("MENPS_DSM_INVALIDATION") {
-            self.invalidation = match v.trim() {
-                "hybrid" => InvalidationPolicy::Hybrid,
-                "timestamp" => InvalidationPolicy::Timestamp,
-                "directory" => InvalidationPolicy::Directory,
-                other => {
-                    return Err(DsmError::Config(format!(
-                        "MENPS_DSM_INVALIDATION={other:?}: expected `hybrid`, `timestamp` or \
-                         `directory`"
-                    )));
-                }
-            };
-        }
-        if let Some(v) = var("MENPS_DSM_ON_RACE") {
-            self.on_race = match v.trim() {
-                "stop" => RaceAction::Stop,
-                "report" => RaceAction::Report,
-                other => {
-                    return Err(DsmError::Config(format!(
-                        "MENPS_DSM_ON_RACE={other:?}: expected `stop` or `report`"
-                    )));
-                }
-            };
-        }
-        for (name, slot) in [
-            ("MENPS_DSM_FAST_RELEASE", &mut self.fast_release),
-            ("MENPS_DSM_FAST_READ", &mut self.fast_read),
-            ("MENPS_DSM_RACE_DETECTION", &mut self.race_detection),
-            ("MENPS_STATS", &mut self.print_stats),
-        ] {
-            if let Some(v) = var(name) {
-                *slot = parse_bool(name, &v)?;
+/// Builds a [`DsmConfig`]: values given here win over the `MENPS_DSM_*`
+/// variables, which win over the defaults (see the [module docs](self)).
+#[derive(Debug, Clone, Default)]
+pub struct DsmConfigBuilder {
+    base: DsmConfig,
+    writer: Option<WriterPolicy>,
+    invalidation: Option<InvalidationPolicy>,
+    fast_release: Option<bool>,
+    fast_read: Option<bool>,
+    race_detection: Option<bool>,
+    print_stats: Option<bool>,
+    on_race: Option<RaceAction>,
+    block_size: Option<usize>,
+    wn_list_len: Option<usize>,
+    lease: Option<u64>,
+    heap_size: Option<usize>,
+    heap_block_size: Option<usize>,
+    max_mutexes: Option<usize>,
+    stack_size: Option<usize>,
+    stacks_per_process: Option<usize>,
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty,)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $field(mut self, v: $ty) -> Self {
+                self.$field = Some(v);
+                self
             }
+        )*
+    };
+}
+
+impl DsmConfigBuilder {
+    /// The defaults the environment overrides (an embedding runtime's
+    /// tuning; [`DsmConfig::default`] without this call). Fields without an
+    /// environment variable (`wr_count_threshold`, `max_fast_releases`) are
+    /// taken from here as they are.
+    pub fn defaults(mut self, base: DsmConfig) -> Self {
+        self.base = base;
+        self
+    }
+
+    setters! {
+        /// Writer management (wins over `MENPS_DSM_WRITER`).
+        writer: WriterPolicy,
+        /// Invalidation method (wins over `MENPS_DSM_INVALIDATION`).
+        invalidation: InvalidationPolicy,
+        /// Fast release (wins over `MENPS_DSM_FAST_RELEASE`).
+        fast_release: bool,
+        /// Fast read (wins over `MENPS_DSM_FAST_READ`).
+        fast_read: bool,
+        /// Race detection (wins over `MENPS_DSM_RACE_DETECTION`).
+        race_detection: bool,
+        /// Protocol counters printed at the end (wins over `MENPS_STATS`).
+        print_stats: bool,
+        /// What a detected race does (wins over `MENPS_DSM_ON_RACE`).
+        on_race: RaceAction,
+        /// Default block size of segments (wins over `MENPS_DSM_BLOCK_SIZE`).
+        block_size: usize,
+        /// Write notices a signature keeps (wins over `MENPS_DSM_WN_LIST`).
+        wn_list_len: usize,
+        /// Logical lease (wins over `MENPS_DSM_LEASE`).
+        lease: u64,
+        /// Heap size (wins over `MENPS_DSM_HEAP_SIZE`).
+        heap_size: usize,
+        /// Heap block size (wins over `MENPS_DSM_HEAP_BLOCK_SIZE`).
+        heap_block_size: usize,
+        /// Mutexes that can exist at once (wins over `MENPS_DSM_MUTEXES`).
+        max_mutexes: usize,
+        /// Size of a call stack (wins over `MENPS_DSM_STACK_SIZE`).
+        stack_size: usize,
+        /// Call stacks per process (wins over `MENPS_DSM_STACKS`).
+        stacks_per_process: usize,
+    }
+
+    /// The configuration: each setting from this builder, else its
+    /// variable, else the default. Errors: a malformed variable (named,
+    /// with the accepted forms). [`DsmConfig::validate`] checks the
+    /// combination later.
+    pub fn build(self) -> DsmResult<DsmConfig> {
+        let b = self.base;
+        let env = |e: ct_config::Error| DsmError::Config(e.to_string());
+        fn pick<T>(
+            given: Option<T>,
+            read: impl FnOnce() -> Result<Option<T>, ct_config::Error>,
+            default: T,
+        ) -> DsmResult<T> {
+            ct_config::pick(given, read, || default)
+                .map(|(v, _)| v)
+                .map_err(|e| DsmError::Config(e.to_string()))
         }
-        if let Some(v) = var("MENPS_DSM_BLOCK_SIZE") {
-            self.block_size = parse_size("MENPS_DSM_BLOCK_SIZE", &v)?;
-        }
-        if let Some(v) = var("MENPS_DSM_WN_LIST") {
-            self.wn_list_len = parse_size("MENPS_DSM_WN_LIST", &v)?;
-        }
-        if let Some(v) = var("MENPS_DSM_LEASE") {
-            self.lease = parse_size("MENPS_DSM_LEASE", &v)? as u64;
-        }
-        if let Some(v) = var("MENPS_DSM_HEAP_SIZE") {
-            self.heap_size = parse_size("MENPS_DSM_HEAP_SIZE", &v)?;
-        }
-        if let Some(v) = var("MENPS_DSM_HEAP_BLOCK_SIZE") {
-            self.heap_block_size = parse_size("MENPS_DSM_HEAP_BLOCK_SIZE", &v)?;
-        }
-        if let Some(v) = var("MENPS_DSM_MUTEXES") {
-            self.max_mutexes = parse_size("MENPS_DSM_MUTEXES", &v)?;
-        }
-        if let Some(v) = var("MENPS_DSM_STACK_SIZE") {
-            self.stack_size = parse_size("MENPS_DSM_STACK_SIZE", &v)?;
-        }
-        if let Some(v) = var("MENPS_DSM_STACKS") {
-            self.stacks_per_process = parse_size("MENPS_DSM_STACKS", &v)?;
-        }
-        Ok(self)
+        Ok(DsmConfig {
+            writer: ct_config::pick(
+                self.writer,
+                || {
+                    Ok(vars::MENPS_DSM_WRITER.choice()?.map(|c| match c {
+                        "fixed" => WriterPolicy::Fixed,
+                        _ => WriterPolicy::Floating,
+                    }))
+                },
+                || b.writer,
+            )
+            .map_err(env)?
+            .0,
+            invalidation: ct_config::pick(
+                self.invalidation,
+                || {
+                    Ok(vars::MENPS_DSM_INVALIDATION.choice()?.map(|c| match c {
+                        "timestamp" => InvalidationPolicy::Timestamp,
+                        "directory" => InvalidationPolicy::Directory,
+                        _ => InvalidationPolicy::Hybrid,
+                    }))
+                },
+                || b.invalidation,
+            )
+            .map_err(env)?
+            .0,
+            on_race: ct_config::pick(
+                self.on_race,
+                || {
+                    Ok(vars::MENPS_DSM_ON_RACE.choice()?.map(|c| match c {
+                        "report" => RaceAction::Report,
+                        _ => RaceAction::Stop,
+                    }))
+                },
+                || b.on_race,
+            )
+            .map_err(env)?
+            .0,
+            fast_release: pick(
+                self.fast_release,
+                || vars::MENPS_DSM_FAST_RELEASE.flag(),
+                b.fast_release,
+            )?,
+            fast_read: pick(
+                self.fast_read,
+                || vars::MENPS_DSM_FAST_READ.flag(),
+                b.fast_read,
+            )?,
+            race_detection: pick(
+                self.race_detection,
+                || vars::MENPS_DSM_RACE_DETECTION.flag(),
+                b.race_detection,
+            )?,
+            block_size: pick(
+                self.block_size,
+                || vars::MENPS_DSM_BLOCK_SIZE.size(),
+                b.block_size,
+            )?,
+            wn_list_len: pick(
+                self.wn_list_len,
+                || vars::MENPS_DSM_WN_LIST.count_usize(),
+                b.wn_list_len,
+            )?,
+            lease: pick(self.lease, || vars::MENPS_DSM_LEASE.count(), b.lease)?,
+            heap_size: pick(
+                self.heap_size,
+                || vars::MENPS_DSM_HEAP_SIZE.size(),
+                b.heap_size,
+            )?,
+            heap_block_size: pick(
+                self.heap_block_size,
+                || vars::MENPS_DSM_HEAP_BLOCK_SIZE.size(),
+                b.heap_block_size,
+            )?,
+            max_mutexes: pick(
+                self.max_mutexes,
+                || vars::MENPS_DSM_MUTEXES.count_usize(),
+                b.max_mutexes,
+            )?,
+            stack_size: pick(
+                self.stack_size,
+                || vars::MENPS_DSM_STACK_SIZE.size(),
+                b.stack_size,
+            )?,
+            stacks_per_process: pick(
+                self.stacks_per_process,
+                || vars::MENPS_DSM_STACKS.count_usize(),
+                b.stacks_per_process,
+            )?,
+            print_stats: pick(self.print_stats, || vars::MENPS_STATS.flag(), b.print_stats)?,
+            wr_count_threshold: b.wr_count_threshold,
+            max_fast_releases: b.max_fast_releases,
+        })
+    }
+}
+
+impl DsmConfig {
+    /// A builder of the configuration (builder values > `MENPS_DSM_*`
+    /// variables > defaults).
+    pub fn builder() -> DsmConfigBuilder {
+        DsmConfigBuilder::default()
+    }
+
+    /// The defaults with the `MENPS_DSM_*` variables applied (the same as
+    /// `DsmConfig::builder().build()`).
+    pub fn from_env() -> DsmResult<Self> {
+        Self::builder().build()
     }
 
     /// Checks the settings and their combinations.
@@ -306,48 +429,9 @@ pub fn check_block_size(bs: usize) -> DsmResult<()> {
     Ok(())
 }
 
-fn parse_bool(name: &str, v: &str) -> DsmResult<bool> {
-    match v.trim() {
-        "1" | "true" | "on" | "yes" => Ok(true),
-        "0" | "false" | "off" | "no" => Ok(false),
-        other => Err(DsmError::Config(format!(
-            "{name}={other:?}: expected 1 or 0"
-        ))),
-    }
-}
-
-/// Parses `123`, `32k`, `4M`, `1G` (binary multiples).
-pub fn parse_size(name: &str, v: &str) -> DsmResult<usize> {
-    let t = v.trim();
-    let (digits, mult) = match t.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&t[..i], 1usize << 10),
-        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
-        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| {
-            DsmError::Config(format!(
-                "{name}={v:?}: expected a number with an optional k/M/G suffix"
-            ))
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("x", "32k").unwrap(), 32768);
-        assert_eq!(parse_size("x", "1G").unwrap(), 1 << 30);
-        assert_eq!(parse_size("x", "17").unwrap(), 17);
-        assert!(parse_size("x", "12q").is_err());
-        assert!(parse_size("x", "").is_err());
-    }
 
     #[test]
     fn validation_rejects_bad_values() {

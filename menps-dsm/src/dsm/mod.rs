@@ -125,7 +125,7 @@ use ct_worker::{OsThreads, UltItf};
 use crate::com::Communicator;
 
 pub use allocator::DsmAllocator;
-pub use config::{DsmConfig, InvalidationPolicy, RaceAction, WriterPolicy};
+pub use config::{DsmConfig, DsmConfigBuilder, InvalidationPolicy, RaceAction, WriterPolicy};
 pub use error::{DsmError, DsmResult, RaceReport};
 pub use globals::DsmGlobal;
 pub use heap::{HeapStats, HeapUsage};
@@ -172,15 +172,16 @@ pub struct DsmMutex(pub u32);
 
 impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// Collectively starts the DSM on `com` with the default configuration
-    /// and the `MENPS_DSM_*` environment variables ([`config`]).
+    /// and the `MENPS_DSM_*` environment variables ([`DsmConfig::from_env`]).
     pub fn new(com: C) -> DsmResult<Self> {
-        Self::with_config(com, DsmConfig::default())
+        Self::with_config(com, DsmConfig::from_env()?)
     }
 
-    /// Collectively starts the DSM with `cfg` (the `MENPS_DSM_*` variables
-    /// override it). Every process must pass the same configuration.
+    /// Collectively starts the DSM with `cfg` exactly (the environment is
+    /// not read: build `cfg` with [`DsmConfig::builder`] for builder values
+    /// over the `MENPS_DSM_*` variables over the defaults). Every process
+    /// must pass the same configuration.
     pub fn with_config(com: C, cfg: DsmConfig) -> DsmResult<Self> {
-        let cfg = cfg.with_env()?;
         cfg.validate(com.size())?;
         // Every process must agree on the protocol.
         let mine = format!("{cfg:?}");

@@ -191,14 +191,9 @@ pub(crate) fn unregister() {
     }
     // Per-thread caches of the global allocator hold objects of this DSM.
     super::allocator::new_generation();
-    let mut spins = 0u32;
+    let mut backoff = ct_sync::Backoff::new();
     while USERS.load(Ordering::SeqCst) != 0 {
-        spins += 1;
-        if spins < 64 {
-            core::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
+        backoff.snooze(std::thread::yield_now);
     }
     // SAFETY: published by `register` from Box::into_raw; nobody can reach
     // it any more. The handle it points to is leaked on purpose (a few

@@ -236,10 +236,10 @@ pub fn run_mpi_job(config: &JobConfig, program: &Program) -> Result<i32> {
 
 /// [`run_mpi_job`] by `who`.
 fn run_mpi_job_as(config: &JobConfig, program: &Program, who: &Launcher) -> Result<i32> {
-    let mpirun = std::env::var(env::MPIRUN)
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-        .unwrap_or_else(|| "mpirun".into());
+    let mpirun = ct_config::vars::MENPS_MPIRUN
+        .text()
+        .map_err(|e| Error::BadConfig(e.to_string()))?
+        .unwrap_or_else(|| ct_config::vars::MENPS_MPIRUN.default.into());
     let mut cmd = Command::new(&mpirun);
     cmd.args(["-n", &config.nprocs.to_string(), "--oversubscribe"]);
     // SAFETY: geteuid has no preconditions.

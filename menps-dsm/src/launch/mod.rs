@@ -69,7 +69,7 @@
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
-//! | `MENPS_NPROCS` | number of processes [`init_or_relaunch`] starts (overrides the program's default) | the program's choice |
+//! | `MENPS_NPROCS` | number of processes [`init_or_relaunch`] starts (wins over its argument, a default; not over [`Builder::nprocs`]) | the program's choice |
 //! | `MENPS_BACKEND` | communication backend of a job the launcher starts: `shm`, or `mpi` (the launcher runs `mpirun`) | `shm` |
 //! | `MENPS_PREFIX_OUTPUT` | `1`: prefix every output line with `[rank N] ` | `0` |
 //! | `MENPS_GRACE_MS` | time the other processes get to exit after one failed, before they are killed | `2000` |
@@ -100,8 +100,14 @@
 //! | `MENPS_LAUNCHER_PID` | pid of the launcher |
 //! | `MENPS_JOB_DEADLINE_NS` | the job's time limit (`MENPS_TIMEOUT_SECS`) as `CLOCK_MONOTONIC` nanoseconds: every process ends itself with status 124 then, even when the launcher cannot act |
 //!
-//! Builder values are defaults; the `MENPS_*` variables override them, so a
-//! user can change any program's job from the shell.
+//! Values given to [`Builder`] win over the `MENPS_*` variables, which win
+//! over the defaults (the workspace's one precedence; before, the variables
+//! won). A program that wants the shell to decide gives defaults instead:
+//! [`Builder::default_nprocs`], or [`init_or_relaunch`]'s argument. The
+//! variables are read by `ct-config`'s parser: sizes such as `128k`,
+//! durations such as `2s` (a bare number is in the unit the name ends
+//! with), booleans `1`/`0`/`true`/`false`/`yes`/`no`/`on`/`off`; an empty or
+//! malformed value is an error naming the variable.
 
 mod job;
 pub(crate) mod output;
@@ -111,6 +117,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use ct_config::vars;
 use ct_worker::UltItf;
 
 use crate::com::shm::control::{self, Control, MAX_PROCS};
@@ -122,19 +129,19 @@ pub use job::{run_job, run_mpi_job};
 /// Names of the environment variables (see the [module docs](self)).
 pub mod env {
     /// Number of processes to start.
-    pub const NPROCS: &str = "MENPS_NPROCS";
+    pub const NPROCS: &str = ct_config::vars::MENPS_NPROCS.name;
     /// Backend name.
-    pub const BACKEND: &str = "MENPS_BACKEND";
+    pub const BACKEND: &str = ct_config::vars::MENPS_BACKEND.name;
     /// Prefix output lines with the rank.
-    pub const PREFIX_OUTPUT: &str = "MENPS_PREFIX_OUTPUT";
+    pub const PREFIX_OUTPUT: &str = ct_config::vars::MENPS_PREFIX_OUTPUT.name;
     /// Grace period in milliseconds before surviving processes are killed.
-    pub const GRACE_MS: &str = "MENPS_GRACE_MS";
+    pub const GRACE_MS: &str = ct_config::vars::MENPS_GRACE_MS.name;
     /// Wall-clock limit of the job in seconds.
-    pub const TIMEOUT_SECS: &str = "MENPS_TIMEOUT_SECS";
+    pub const TIMEOUT_SECS: &str = ct_config::vars::MENPS_TIMEOUT_SECS.name;
     /// P2p ring size per ordered pair.
-    pub const RING_BYTES: &str = "MENPS_RING_BYTES";
+    pub const RING_BYTES: &str = ct_config::vars::MENPS_RING_BYTES.name;
     /// Collective chunk size.
-    pub const COLL_CHUNK_BYTES: &str = "MENPS_COLL_CHUNK_BYTES";
+    pub const COLL_CHUNK_BYTES: &str = ct_config::vars::MENPS_COLL_CHUNK_BYTES.name;
     /// Rank (set by the launcher).
     pub const RANK: &str = "MENPS_RANK";
     /// Process count (set by the launcher).
@@ -146,12 +153,12 @@ pub mod env {
     /// Launcher pid (set by the launcher).
     pub const LAUNCHER_PID: &str = "MENPS_LAUNCHER_PID";
     /// The `mpirun` command of `--backend mpi`.
-    pub const MPIRUN: &str = "MENPS_MPIRUN";
+    pub const MPIRUN: &str = ct_config::vars::MENPS_MPIRUN.name;
     /// Seconds a process waits for a peer before it says so (0: never).
-    pub const WATCHDOG_SECS: &str = "MENPS_WATCHDOG_SECS";
+    pub const WATCHDOG_SECS: &str = ct_config::vars::MENPS_WATCHDOG_SECS.name;
     /// `1`: a wait the watchdog reports fails (`Error::Stalled`) instead of
     /// going on.
-    pub const WATCHDOG_FAIL: &str = "MENPS_WATCHDOG_FAIL";
+    pub const WATCHDOG_FAIL: &str = ct_config::vars::MENPS_WATCHDOG_FAIL.name;
     /// The job's time limit, as nanoseconds of `CLOCK_MONOTONIC` (set by the
     /// launcher when `MENPS_TIMEOUT_SECS` is): every process ends itself
     /// with status 124 then, even if the launcher cannot act.
@@ -220,40 +227,22 @@ impl Default for JobConfig {
     }
 }
 
-/// The value of the launcher variable `name`, `None` if unset. A variable
-/// that is set but blank is an error: a mistyped `export` would otherwise
-/// fall back to the default without a word.
-fn env_var(name: &str) -> Result<Option<String>> {
-    match std::env::var(name) {
-        Ok(v) if v.trim().is_empty() => Err(Error::BadConfig(format!(
-            "{name} is set but empty: give it a value or unset it"
-        ))),
-        Ok(v) => Ok(Some(v)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => {
-            Err(Error::BadConfig(format!("{name} is not valid UTF-8")))
-        }
-    }
+/// A `ct-config` error (a malformed or empty variable) as this module's.
+fn bad_var(e: ct_config::Error) -> Error {
+    Error::BadConfig(e.to_string())
 }
 
-fn parse_env<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
-    match env_var(name)? {
-        None => Ok(None),
-        Some(v) => v
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| Error::BadConfig(format!("{name}={v:?} is not a valid value"))),
-    }
-}
-
-fn parse_bool_env(name: &str) -> Result<Option<bool>> {
-    match env_var(name)?.as_deref().map(str::trim) {
-        None => Ok(None),
-        Some("1" | "true" | "yes" | "on") => Ok(Some(true)),
-        Some("0" | "false" | "no" | "off") => Ok(Some(false)),
-        Some(v) => Err(Error::BadConfig(format!("{name}={v:?} must be 0 or 1"))),
-    }
+/// A variable the launcher sets for the processes it starts (not user
+/// configuration, so not in `ct_config::vars`): `None` if unset.
+fn launcher_var<T>(name: &'static str, parse: impl FnOnce(&str) -> Option<T>) -> Result<Option<T>> {
+    let var = ct_config::Var {
+        name,
+        kind: ct_config::Kind::Custom("a value set by the menps launcher"),
+        default: "",
+        owner: "menps-dsm",
+        help: "",
+    };
+    var.parse_with(parse).map_err(bad_var)
 }
 
 /// Default of [`env::WATCHDOG_SECS`].
@@ -265,18 +254,10 @@ const WATCHDOG_DEFAULT: Duration = Duration::from_secs(30);
 /// default kept (the wait itself must not fail on it).
 pub(crate) fn watchdog_period() -> Option<Duration> {
     static PERIOD: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-    *PERIOD.get_or_init(|| match parse_env::<f64>(env::WATCHDOG_SECS) {
+    *PERIOD.get_or_init(|| match vars::MENPS_WATCHDOG_SECS.duration() {
         Ok(None) => Some(WATCHDOG_DEFAULT),
-        Ok(Some(0.0)) => None,
-        Ok(Some(s)) if s > 0.0 && s < 1e9 => Some(Duration::from_secs_f64(s)),
-        Ok(Some(s)) => {
-            eprintln!(
-                "menps: {}={s} is not a number of seconds; using {} s",
-                env::WATCHDOG_SECS,
-                WATCHDOG_DEFAULT.as_secs()
-            );
-            Some(WATCHDOG_DEFAULT)
-        }
+        Ok(Some(Duration::ZERO)) => None,
+        Ok(Some(d)) => Some(d),
         Err(e) => {
             eprintln!("menps: {e}; using {} s", WATCHDOG_DEFAULT.as_secs());
             Some(WATCHDOG_DEFAULT)
@@ -288,7 +269,7 @@ pub(crate) fn watchdog_period() -> Option<Duration> {
 /// read once per process, a bad value reported once and ignored.
 pub(crate) fn watchdog_fails() -> bool {
     static FAIL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *FAIL.get_or_init(|| match parse_bool_env(env::WATCHDOG_FAIL) {
+    *FAIL.get_or_init(|| match vars::MENPS_WATCHDOG_FAIL.flag() {
         Ok(v) => v.unwrap_or(false),
         Err(e) => {
             eprintln!("menps: {e}; the watchdog only reports");
@@ -298,36 +279,20 @@ pub(crate) fn watchdog_fails() -> bool {
 }
 
 impl JobConfig {
-    /// Applies the `MENPS_*` variables on top of `self`.
-    pub fn with_env_overrides(mut self) -> Result<Self> {
-        if let Some(n) = parse_env(env::NPROCS)? {
-            self.nprocs = n;
+    /// The defaults with the `MENPS_*` variables applied.
+    pub fn from_env() -> Result<Self> {
+        Builder::new().config_unchecked()
+    }
+
+    /// The `MENPS_*` variables applied over `self`, whose values serve as
+    /// the defaults (a launcher applies its command-line options after
+    /// this, so that they win).
+    pub fn with_env_overrides(self) -> Result<Self> {
+        Builder {
+            base: self,
+            ..Builder::default()
         }
-        if let Some(b) = env_var(env::BACKEND)? {
-            self.backend = b.trim().parse()?;
-        }
-        if let Some(p) = parse_bool_env(env::PREFIX_OUTPUT)? {
-            self.prefix_output = p;
-        }
-        if let Some(ms) = parse_env(env::GRACE_MS)? {
-            self.grace = Duration::from_millis(ms);
-        }
-        if let Some(s) = parse_env::<f64>(env::TIMEOUT_SECS)? {
-            if !(s > 0.0 && s < 1e9) {
-                return Err(Error::BadConfig(format!(
-                    "{}={s} must be a positive number of seconds",
-                    env::TIMEOUT_SECS
-                )));
-            }
-            self.timeout = Some(Duration::from_secs_f64(s));
-        }
-        if let Some(b) = parse_env(env::RING_BYTES)? {
-            self.ring_bytes = b;
-        }
-        if let Some(b) = parse_env(env::COLL_CHUNK_BYTES)? {
-            self.coll_chunk_bytes = b;
-        }
-        Ok(self)
+        .config_unchecked()
     }
 
     /// Checks the settings.
@@ -380,10 +345,17 @@ impl Program {
     }
 }
 
-/// Configures [`Builder::init_or_relaunch`].
+/// Configures [`Builder::init_or_relaunch`]. A value given here wins over
+/// its `MENPS_*` variable, which wins over the default.
 #[derive(Debug, Clone, Default)]
 pub struct Builder {
-    config: JobConfig,
+    base: JobConfig,
+    nprocs: Option<usize>,
+    prefix_output: Option<bool>,
+    grace: Option<Duration>,
+    timeout: Option<Duration>,
+    ring_bytes: Option<usize>,
+    coll_chunk_bytes: Option<usize>,
 }
 
 impl Builder {
@@ -392,47 +364,113 @@ impl Builder {
         Self::default()
     }
 
-    /// Number of processes (a `MENPS_NPROCS` setting overrides it).
+    /// Number of processes (wins over `MENPS_NPROCS`).
     pub fn nprocs(mut self, n: usize) -> Self {
-        self.config.nprocs = n;
+        self.nprocs = Some(n);
         self
     }
 
-    /// Prefix output lines with the rank.
+    /// Default number of processes: `MENPS_NPROCS` wins over it (for
+    /// programs whose process count is a default, not a requirement).
+    pub fn default_nprocs(mut self, n: usize) -> Self {
+        self.base.nprocs = n;
+        self
+    }
+
+    /// Prefix output lines with the rank (wins over `MENPS_PREFIX_OUTPUT`).
     pub fn prefix_output(mut self, on: bool) -> Self {
-        self.config.prefix_output = on;
+        self.prefix_output = Some(on);
         self
     }
 
-    /// Grace period after a failure before the others are killed.
+    /// Grace period after a failure before the others are killed (wins over
+    /// `MENPS_GRACE_MS`).
     pub fn grace(mut self, d: Duration) -> Self {
-        self.config.grace = d;
+        self.grace = Some(d);
         self
     }
 
-    /// Wall-clock limit of the job.
+    /// Wall-clock limit of the job (wins over `MENPS_TIMEOUT_SECS`).
     pub fn timeout(mut self, d: Duration) -> Self {
-        self.config.timeout = Some(d);
+        self.timeout = Some(d);
         self
     }
 
-    /// P2p ring size per ordered pair (power of two ≥ 128 KiB).
+    /// P2p ring size per ordered pair (power of two ≥ 128 KiB; wins over
+    /// `MENPS_RING_BYTES`).
     pub fn ring_bytes(mut self, b: usize) -> Self {
-        self.config.ring_bytes = b;
+        self.ring_bytes = Some(b);
         self
     }
 
-    /// Collective chunk size.
+    /// Collective chunk size (wins over `MENPS_COLL_CHUNK_BYTES`).
     pub fn coll_chunk_bytes(mut self, b: usize) -> Self {
-        self.config.coll_chunk_bytes = b;
+        self.coll_chunk_bytes = Some(b);
         self
     }
 
-    /// The settings after the `MENPS_*` overrides.
+    /// The settings: builder values, else the `MENPS_*` variables, else the
+    /// defaults; checked.
     pub fn config(&self) -> Result<JobConfig> {
-        let c = self.config.clone().with_env_overrides()?;
+        let c = self.config_unchecked()?;
         c.validate()?;
         Ok(c)
+    }
+
+    fn config_unchecked(&self) -> Result<JobConfig> {
+        let b = &self.base;
+        let backend = match vars::MENPS_BACKEND.choice().map_err(bad_var)? {
+            None => b.backend,
+            Some(name) => name.parse()?,
+        };
+        let timeout = match self.timeout {
+            Some(t) => Some(t),
+            None => match vars::MENPS_TIMEOUT_SECS.duration().map_err(bad_var)? {
+                Some(Duration::ZERO) => {
+                    return Err(Error::BadConfig(format!(
+                        "{}=0: the time limit must be positive (unset it for none)",
+                        env::TIMEOUT_SECS
+                    )));
+                }
+                Some(t) => Some(t),
+                None => b.timeout,
+            },
+        };
+        Ok(JobConfig {
+            nprocs: ct_config::pick(
+                self.nprocs,
+                || vars::MENPS_NPROCS.count_usize(),
+                || b.nprocs,
+            )
+            .map_err(bad_var)?
+            .0,
+            backend,
+            prefix_output: ct_config::pick(
+                self.prefix_output,
+                || vars::MENPS_PREFIX_OUTPUT.flag(),
+                || b.prefix_output,
+            )
+            .map_err(bad_var)?
+            .0,
+            grace: ct_config::pick(self.grace, || vars::MENPS_GRACE_MS.duration(), || b.grace)
+                .map_err(bad_var)?
+                .0,
+            timeout,
+            ring_bytes: ct_config::pick(
+                self.ring_bytes,
+                || vars::MENPS_RING_BYTES.size(),
+                || b.ring_bytes,
+            )
+            .map_err(bad_var)?
+            .0,
+            coll_chunk_bytes: ct_config::pick(
+                self.coll_chunk_bytes,
+                || vars::MENPS_COLL_CHUNK_BYTES.size(),
+                || b.coll_chunk_bytes,
+            )
+            .map_err(bad_var)?
+            .0,
+        })
     }
 
     /// In a process of a job (started by a menps launcher, or by `mpirun`
@@ -452,8 +490,9 @@ impl Builder {
     }
 }
 
-/// [`Builder::init_or_relaunch`] with `nprocs` processes (which
-/// `MENPS_NPROCS` overrides) and default settings. The caller's type picks
+/// [`Builder::init_or_relaunch`] with `nprocs` processes by default
+/// (`MENPS_NPROCS` wins over it: [`Builder::default_nprocs`]) and default
+/// settings. The caller's type picks
 /// the communicator (see [`JoinJob`]):
 ///
 /// ```
@@ -466,7 +505,7 @@ impl Builder {
 /// # Ok::<(), menps_dsm::Error>(())
 /// ```
 pub fn init_or_relaunch<C: JoinJob>(nprocs: usize) -> Result<C> {
-    Builder::new().nprocs(nprocs).init_or_relaunch()
+    Builder::new().default_nprocs(nprocs).init_or_relaunch()
 }
 
 /// A communicator that a process of a job can get by joining it: what
@@ -554,8 +593,8 @@ pub fn in_job() -> bool {
 
 static JOINED: AtomicBool = AtomicBool::new(false);
 
-fn required<T: std::str::FromStr>(name: &str) -> Result<T> {
-    parse_env(name)?.ok_or_else(|| {
+fn required<T: std::str::FromStr>(name: &'static str) -> Result<T> {
+    launcher_var(name, |v| v.parse().ok())?.ok_or_else(|| {
         Error::BadConfig(format!(
             "{name} is not set: this process was not started by a menps launcher \
              (use `menps run -n N -- prog` or launch::init_or_relaunch)"
@@ -592,8 +631,8 @@ fn join_shm<U: UltItf>() -> Result<ShmCom<U>> {
     let rank: usize = required(env::RANK)?;
     let size: usize = required(env::SIZE)?;
     let control_fd: RawFd = required(env::CONTROL_FD)?;
-    if let Some(b) = env_var(env::BACKEND)? {
-        b.trim().parse::<Backend>()?;
+    if let Some(b) = vars::MENPS_BACKEND.choice().map_err(bad_var)? {
+        b.parse::<Backend>()?;
     }
     if size == 0 || size > MAX_PROCS || rank >= size {
         return Err(Error::BadConfig(format!(
@@ -648,7 +687,7 @@ fn join_shm<U: UltItf>() -> Result<ShmCom<U>> {
     }
     let com = ShmCom::from_parts(rank, size, control, peers);
     restore_aslr_for_children();
-    if let Some(deadline) = parse_env::<u64>(env::JOB_DEADLINE_NS)? {
+    if let Some(deadline) = launcher_var(env::JOB_DEADLINE_NS, |v| v.parse::<u64>().ok())? {
         enforce_deadline(rank, deadline);
     }
     Ok(com)

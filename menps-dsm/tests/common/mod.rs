@@ -25,7 +25,7 @@ pub type JobDsm = menps_dsm::dsm::Dsm<menps_dsm::com::AnyCom<ct_worker::OsThread
 /// the DSM. A failure ends the process with status 3 and a message.
 pub fn start_dsm_job() -> JobDsm {
     let com = menps_dsm::launch::Builder::new()
-        .nprocs(2)
+        .default_nprocs(2)
         .grace(Duration::from_secs(3))
         .init_or_relaunch()
         .unwrap_or_else(|e| {

@@ -463,7 +463,7 @@ fn single_writer_mutex(dsm: &D) {
 fn ult_faults() {
     use ct_worker::Ult;
     let com: AnyCom<Ult> = menps_dsm::launch::Builder::new()
-        .nprocs(2)
+        .default_nprocs(2)
         .init_or_relaunch()
         .unwrap_or_else(|e| {
             eprintln!("cannot join the job: {e}");

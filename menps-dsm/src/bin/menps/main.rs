@@ -16,11 +16,13 @@ use std::process::ExitCode;
 use menps_dsm::launch::{self, JobConfig, Program};
 
 mod cli;
+mod env;
 mod openmp;
 
 const USAGE: &str = "\
 usage: menps run -n N [options] [--] PROGRAM [ARGS...]
        menps cc [GCC ARGS...]
+       menps env            every variable read, its value and its source
 
 Starts N processes of PROGRAM as one menps job on this machine (shm backend,
 or mpirun with --backend mpi) and exits with their combined status: 0 if all exited with 0, otherwise the
@@ -75,6 +77,7 @@ fn main() -> ExitCode {
                 }
             };
         }
+        Some("env") => return env::run(&args[1..]),
         Some(other) => return fail(&format!("unknown command {other:?}")),
         None => return fail("missing command"),
     }

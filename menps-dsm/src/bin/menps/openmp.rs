@@ -8,12 +8,18 @@ use std::path::{Path, PathBuf};
 
 /// Environment variable naming `libmenps_gomp.so` (default: next to the
 /// `menps` executable).
-pub const GOMP_LIB_VAR: &str = "MENPS_GOMP_LIB";
+pub const GOMP_LIB_VAR: &str = ct_config::vars::MENPS_GOMP_LIB.name;
 
 /// The libgomp replacement: `MENPS_GOMP_LIB`, else `libmenps_gomp.so` next
 /// to this executable (where cargo builds both).
 pub fn gomp_library() -> Result<PathBuf, String> {
-    if let Some(p) = std::env::var_os(GOMP_LIB_VAR).filter(|v| !v.is_empty()) {
+    if let Some(p) = ct_config::vars::MENPS_GOMP_LIB.raw() {
+        if p.to_string_lossy().trim().is_empty() {
+            return Err(ct_config::vars::MENPS_GOMP_LIB
+                .check("")
+                .expect_err("an empty value is refused")
+                .to_string());
+        }
         let p = PathBuf::from(p);
         return if p.is_file() {
             Ok(p)

@@ -148,6 +148,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ::mpi::ffi;
+use ct_config::vars;
 use ct_delegate::Offloader;
 use ct_worker::{Ult, UltItf};
 
@@ -159,18 +160,18 @@ pub use window::WindowFlavor;
 /// Names of the environment variables this backend reads.
 pub mod env {
     /// OpenMPI's one-sided component selection.
-    pub const OMPI_OSC: &str = "OMPI_MCA_osc";
+    pub const OMPI_OSC: &str = ct_config::vars::OMPI_MCA_OSC.name;
     /// `0`/`1`: offload RMA.
-    pub const OFFLOAD: &str = "MENPS_MPI_OFFLOAD";
+    pub const OFFLOAD: &str = ct_config::vars::MENPS_MPI_OFFLOAD.name;
     /// Progress-thread interval in microseconds (`0`: none).
-    pub const PROGRESS_US: &str = "MENPS_MPI_PROGRESS_US";
+    pub const PROGRESS_US: &str = ct_config::vars::MENPS_MPI_PROGRESS_US.name;
     /// `0`: skip the `OMPI_MCA_osc` check.
-    pub const OSC_CHECK: &str = "MENPS_MPI_OSC_CHECK";
+    pub const OSC_CHECK: &str = ct_config::vars::MENPS_MPI_OSC_CHECK.name;
     /// `0`: never re-execute before `MPI_Init`.
-    pub const REEXEC: &str = "MENPS_MPI_REEXEC";
+    pub const REEXEC: &str = ct_config::vars::MENPS_MPI_REEXEC.name;
     /// `shared` / `create` / `auto`: how windows are made
     /// ([`WindowFlavor`](super::WindowFlavor)).
-    pub const WINDOWS: &str = "MENPS_MPI_WINDOWS";
+    pub const WINDOWS: &str = ct_config::vars::MENPS_MPI_WINDOWS.name;
     /// Set in the environment of the re-executed process.
     pub const REEXECED: &str = "MENPS_MPI_REEXECED";
 }
@@ -210,48 +211,39 @@ impl Default for MpiConfig {
     }
 }
 
-fn env_flag(name: &str) -> Result<Option<bool>> {
-    match std::env::var(name).ok().as_deref().map(str::trim) {
-        None | Some("") => Ok(None),
-        Some("1" | "true" | "yes" | "on") => Ok(Some(true)),
-        Some("0" | "false" | "no" | "off") => Ok(Some(false)),
-        Some(v) => Err(Error::BadConfig(format!("{name}={v:?} must be 0 or 1"))),
-    }
+fn bad_var(e: ct_config::Error) -> Error {
+    Error::BadConfig(e.to_string())
 }
 
 impl MpiConfig {
     /// The defaults with the `MENPS_MPI_*` variables applied.
     pub fn from_env() -> Result<Self> {
-        let mut c = MpiConfig::default();
-        if let Some(o) = env_flag(env::OFFLOAD)? {
-            c.offload = Some(o);
-        }
-        if let Ok(v) = std::env::var(env::PROGRESS_US)
-            && !v.trim().is_empty()
-        {
-            let us: u64 = v.trim().parse().map_err(|_| {
-                Error::BadConfig(format!(
-                    "{}={v:?} must be a number of microseconds",
-                    env::PROGRESS_US
-                ))
-            })?;
-            c.progress_interval = (us > 0).then(|| Duration::from_micros(us));
-        }
-        if let Ok(v) = std::env::var(env::WINDOWS) {
-            c.windows = WindowFlavor::parse(&v).ok_or_else(|| {
-                Error::BadConfig(format!(
-                    "{}={v:?} must be `shared`, `create` or `auto`",
-                    env::WINDOWS
-                ))
-            })?;
-        }
-        if let Some(v) = env_flag(env::OSC_CHECK)? {
-            c.osc_check = v;
-        }
-        if let Some(v) = env_flag(env::REEXEC)? {
-            c.reexec = v;
-        }
-        Ok(c)
+        let d = MpiConfig::default();
+        Ok(MpiConfig {
+            offload: vars::MENPS_MPI_OFFLOAD
+                .flag()
+                .map_err(bad_var)?
+                .or(d.offload),
+            progress_interval: match vars::MENPS_MPI_PROGRESS_US.duration().map_err(bad_var)? {
+                None => d.progress_interval,
+                Some(Duration::ZERO) => None,
+                Some(t) => Some(t),
+            },
+            windows: match vars::MENPS_MPI_WINDOWS.choice().map_err(bad_var)? {
+                None => d.windows,
+                Some(name) => WindowFlavor::parse(name).ok_or_else(|| {
+                    Error::BadConfig(format!("{}={name:?}: unknown flavour", env::WINDOWS))
+                })?,
+            },
+            osc_check: vars::MENPS_MPI_OSC_CHECK
+                .flag()
+                .map_err(bad_var)?
+                .unwrap_or(d.osc_check),
+            reexec: vars::MENPS_MPI_REEXEC
+                .flag()
+                .map_err(bad_var)?
+                .unwrap_or(d.reexec),
+        })
     }
 }
 
@@ -318,9 +310,8 @@ fn aslr_disabled() -> bool {
 /// Before `MPI_Init`: checks `OMPI_MCA_osc` and re-executes the process if
 /// that is needed to set it (or to turn address randomisation off).
 fn prepare_process(cfg: &MpiConfig) -> Result<()> {
-    let osc = std::env::var(env::OMPI_OSC)
-        .ok()
-        .filter(|v| !v.trim().is_empty());
+    // Set but empty counts as unset here: OpenMPI ignores it too.
+    let osc = vars::OMPI_MCA_OSC.text().ok().flatten();
     if cfg.osc_check {
         check_osc_setting(osc.as_deref())?;
     }
@@ -380,38 +371,14 @@ pub fn under_mpirun() -> bool {
     crate::launch::under_mpirun()
 }
 
-/// Makes processes wait politely: poll, then yield, then sleep in growing
-/// intervals.
-pub(crate) struct Backoff {
-    round: u32,
-}
-
-const SPIN_ROUNDS: u32 = 200;
+/// Yield rounds of a wait before it parks (an OS thread; a worker thread
+/// keeps yielding: it never sleeps, see [`ct_sync::Backoff`]).
 const YIELD_ROUNDS: u32 = 50;
 
-impl Backoff {
-    pub(crate) fn new() -> Self {
-        Backoff { round: 0 }
-    }
-
-    /// Whether the spinning phase is over (time to check for failures).
-    pub(crate) fn is_slow(&self) -> bool {
-        self.round >= SPIN_ROUNDS
-    }
-
-    pub(crate) fn snooze<U: UltItf>(&mut self) {
-        if self.round < SPIN_ROUNDS {
-            std::hint::spin_loop();
-        } else if self.round < SPIN_ROUNDS + YIELD_ROUNDS {
-            U::yield_now();
-            std::thread::yield_now();
-        } else {
-            let k = (self.round - SPIN_ROUNDS - YIELD_ROUNDS).min(5);
-            std::thread::sleep(Duration::from_micros(20 << k));
-            U::yield_now();
-        }
-        self.round = self.round.saturating_add(1);
-    }
+/// The back-off of this backend's waits: the workspace's one, parking
+/// after [`YIELD_ROUNDS`].
+fn backoff() -> ct_sync::Backoff {
+    ct_sync::Backoff::parking(YIELD_ROUNDS)
 }
 
 /// What a wait must also watch for (as on shm).
@@ -750,13 +717,13 @@ impl<U: UltItf> MpiCom<U> {
         watch: Watch,
         mut poll: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
-        let mut backoff = Backoff::new();
+        let mut backoff = backoff();
         let mut failed_at: Option<(Instant, Error)> = None;
         loop {
             if let Some(v) = poll()? {
                 return Ok(v);
             }
-            if backoff.is_slow() {
+            if !backoff.is_spinning() {
                 match &failed_at {
                     Some((t, e)) if t.elapsed() >= DEPARTURE_GRACE => return Err(e.clone()),
                     Some(_) => {}
@@ -767,7 +734,7 @@ impl<U: UltItf> MpiCom<U> {
                     }
                 }
             }
-            backoff.snooze::<U>();
+            backoff.snooze(U::yield_now);
         }
     }
 
@@ -854,10 +821,10 @@ impl<U: UltItf> MpiCom<U> {
         }
         // SAFETY: per the contract; the window is live (resolved).
         let mut req = unsafe { raw::rget(win, rank, disp, dst, len) }?;
-        let mut backoff = Backoff::new();
+        let mut backoff = backoff();
         // SAFETY: `req` is active and `dst` stays valid until it completes.
         while !unsafe { raw::test(&mut req) }? {
-            backoff.snooze::<U>();
+            backoff.snooze(U::yield_now);
         }
         Ok(())
     }
@@ -957,9 +924,9 @@ impl<U: UltItf> Drop for MpiCom<U> {
             // Requests dropped without waiting still complete; give them (and
             // the offloader's threads) a moment.
             let until = Instant::now() + Duration::from_secs(2);
-            let mut backoff = Backoff::new();
+            let mut backoff = backoff();
             while (off.in_flight() > 0 || off.is_executor_running()) && Instant::now() < until {
-                backoff.snooze::<U>();
+                backoff.snooze(U::yield_now);
             }
         }
         // Tell the others we leave, so that their waits for us fail instead

@@ -190,6 +190,7 @@ impl<U: UltItf> ShmCom<U> {
     /// second for that verdict.
     pub(crate) fn departure_of(&self, rank: usize) -> Error {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        let mut backoff = ct_sync::Backoff::parking(0);
         loop {
             if let Some(e) = self.failure(Watch::Rank(rank)) {
                 return e;
@@ -197,7 +198,8 @@ impl<U: UltItf> ShmCom<U> {
             if std::time::Instant::now() >= deadline {
                 return Error::PeerExited { rank };
             }
-            std::thread::sleep(std::time::Duration::from_millis(1));
+            // Parks an OS thread, never a worker (the workspace's back-off).
+            backoff.snooze(U::yield_now);
         }
     }
 

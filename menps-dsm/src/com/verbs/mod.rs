@@ -79,6 +79,7 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use ct_config::vars;
 use ct_delegate::Offloader;
 use ct_worker::{Ult, UltItf};
 
@@ -93,11 +94,11 @@ use device::{Command, Kind, VerbsDevice};
 /// Names of the environment variables this backend reads.
 pub mod env {
     /// Adapter name.
-    pub const DEVICE: &str = "MENPS_VERBS_DEVICE";
+    pub const DEVICE: &str = ct_config::vars::MENPS_VERBS_DEVICE.name;
     /// Port number.
-    pub const PORT: &str = "MENPS_VERBS_PORT";
+    pub const PORT: &str = ct_config::vars::MENPS_VERBS_PORT.name;
     /// GID index.
-    pub const GID_INDEX: &str = "MENPS_VERBS_GID_INDEX";
+    pub const GID_INDEX: &str = ct_config::vars::MENPS_VERBS_GID_INDEX.name;
 }
 
 /// Settings of [`VerbsCom`].
@@ -124,23 +125,19 @@ impl Default for VerbsConfig {
 impl VerbsConfig {
     /// The defaults with the `MENPS_VERBS_*` variables applied.
     pub fn from_env() -> Result<Self> {
-        let mut c = VerbsConfig::default();
-        let var = |n: &str| std::env::var(n).ok().filter(|v| !v.trim().is_empty());
-        if let Some(d) = var(env::DEVICE) {
-            c.device = Some(d.trim().to_owned());
-        }
-        let num = |n: &str, v: String| {
-            v.trim()
-                .parse::<u8>()
-                .map_err(|_| Error::BadConfig(format!("{n}={v:?} is not a number 0..=255")))
+        let d = VerbsConfig::default();
+        let bad = |e: ct_config::Error| Error::BadConfig(e.to_string());
+        let byte = |v: &ct_config::Var, d: u8| -> Result<u8> {
+            // The variables' ranges (1..=255, 0..=255) fit in a byte.
+            Ok(v.count()
+                .map_err(bad)?
+                .map_or(d, |n| u8::try_from(n).unwrap_or(u8::MAX)))
         };
-        if let Some(p) = var(env::PORT) {
-            c.port = num(env::PORT, p)?;
-        }
-        if let Some(g) = var(env::GID_INDEX) {
-            c.gid_index = num(env::GID_INDEX, g)?;
-        }
-        Ok(c)
+        Ok(VerbsConfig {
+            device: vars::MENPS_VERBS_DEVICE.text().map_err(bad)?.or(d.device),
+            port: byte(&vars::MENPS_VERBS_PORT, d.port)?,
+            gid_index: byte(&vars::MENPS_VERBS_GID_INDEX, d.gid_index)?,
+        })
     }
 }
 
@@ -339,11 +336,12 @@ impl<B: Communicator, U: UltItf> VerbsCom<B, U> {
 impl<B: Communicator, U: UltItf> Drop for VerbsCom<B, U> {
     fn drop(&mut self) {
         let until = Instant::now() + Duration::from_secs(2);
+        // The workspace's back-off: it parks an OS thread, never a worker.
+        let mut backoff = ct_sync::Backoff::parking(50);
         while (self.offloader.in_flight() > 0 || self.offloader.is_executor_running())
             && Instant::now() < until
         {
-            U::yield_now();
-            std::thread::sleep(Duration::from_micros(50));
+            backoff.snooze(U::yield_now);
         }
         let mut parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
         for p in parts.drain(..) {
