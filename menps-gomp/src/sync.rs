@@ -60,6 +60,13 @@ pub(crate) fn team_barrier(ct: &CThread) {
     let _errno = KeepErrno::new();
     crate::tasks::wait_children(&ct.task);
     if let Some(tt) = ct.team() {
+        // The program's frames end about here: the barrier's releases need
+        // not publish the runtime's frames below (they change at every
+        // barrier, and no other thread reads them).
+        let here = 0u8;
+        let _frames = rt()
+            .dsm
+            .program_frames_end(core::hint::black_box(&here) as *const u8 as usize);
         crate::start::flush_output();
         tt.barrier()
             .unwrap_or_else(|e| die(format_args!("team barrier: {e}")));

@@ -303,11 +303,24 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// publish and may back off, instead of announcing its stack at every
     /// turn.
     pub fn flush_from(&self, program_sp: usize) -> DsmResult<bool> {
-        let floor = program_sp.saturating_sub(RED_ZONE);
-        self.space.set_stack_floor(program_sp, floor);
-        let r = self.space.flush();
-        self.space.set_stack_floor(program_sp, 0);
-        r
+        let _floor = self.program_frames_end(program_sp);
+        self.space.flush()
+    }
+
+    /// Tells the DSM, for a language runtime, that the calling thread has
+    /// entered the runtime from its program with the stack pointer
+    /// `program_sp`: until the returned guard is dropped, the stack below it
+    /// (the runtime's own frames; the x86-64 red zone's 128 bytes excepted)
+    /// counts as dead, so releases — this thread's, or a barrier's leader's
+    /// while this thread waits — neither publish it nor count its changes.
+    /// Nothing happens for a stack that is not one of the DSM's call stacks.
+    pub fn program_frames_end(&self, program_sp: usize) -> ProgramFrames<'_, C, U> {
+        self.space
+            .set_stack_floor(program_sp, program_sp.saturating_sub(RED_ZONE));
+        ProgramFrames {
+            dsm: self,
+            sp: program_sp,
+        }
     }
 
     /// Allocates a DSM mutex (not collective; share its id).
@@ -453,6 +466,28 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
 
 /// Bytes below the stack pointer that x86-64 code may use without moving it.
 const RED_ZONE: usize = 128;
+
+/// While alive, the runtime frames below a program's stack pointer count as
+/// dead ([`Dsm::program_frames_end`]).
+#[must_use = "the frames count as dead only while the guard lives"]
+pub struct ProgramFrames<'a, C: Communicator + 'static, U: UltItf> {
+    dsm: &'a Dsm<C, U>,
+    sp: usize,
+}
+
+impl<C: Communicator + 'static, U: UltItf> Drop for ProgramFrames<'_, C, U> {
+    fn drop(&mut self) {
+        self.dsm.space.set_stack_floor(self.sp, 0);
+    }
+}
+
+impl<C: Communicator + 'static, U: UltItf> core::fmt::Debug for ProgramFrames<'_, C, U> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ProgramFrames")
+            .field("sp", &self.sp)
+            .finish()
+    }
+}
 
 impl<C: Communicator + 'static, U: UltItf> Drop for Dsm<C, U> {
     fn drop(&mut self) {
