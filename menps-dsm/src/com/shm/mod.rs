@@ -79,7 +79,7 @@ pub(crate) enum Watch {
 /// Polls with a short pause in between (about 5 µs in all on this kind of
 /// machine), so that a peer running on another core is seen at once.
 const SPIN_ROUNDS: u32 = 128;
-const YIELD_ROUNDS: u32 = 16;
+const YIELD_ROUNDS: u32 = 1024;
 const SLEEP: Duration = Duration::from_millis(1);
 
 impl<U: UltItf> ShmCom<U> {

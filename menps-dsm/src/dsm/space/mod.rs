@@ -105,6 +105,8 @@ pub struct Stats {
     pub fast_releases: AtomicUsize,
     /// Releases of writable blocks unchanged since the previous release.
     pub idle_releases: AtomicUsize,
+    /// Blocks made writable ahead of a write fault.
+    pub written_ahead: AtomicUsize,
     /// Misses served by one read from a write notice's writer.
     pub fast_reads: AtomicUsize,
     /// Blocks invalidated.
@@ -142,6 +144,9 @@ pub struct StatsSnapshot {
     /// Releases of writable blocks unchanged since the previous release
     /// (nothing announced).
     pub idle_releases: usize,
+    /// Blocks made writable ahead of a write fault (write faults saved
+    /// when the program then writes them).
+    pub written_ahead: usize,
     /// Misses served by one read from a write notice's writer.
     pub fast_reads: usize,
     /// Blocks invalidated.
@@ -170,12 +175,13 @@ impl core::fmt::Display for StatsSnapshot {
         let ms = |ns: u64| ns as f64 / 1e6;
         write!(
             f,
-            "read_faults={} write_faults={} transactions={} fast_releases={} idle_releases={} \
-             fast_reads={} \
+            "read_faults={} write_faults={} written_ahead={} transactions={} fast_releases={} \
+             idle_releases={} fast_reads={} \
              invalidations={} bytes_fetched={} barriers={} flushes={} fault_ms={:.3} \
              release_ms={:.3} acquire_ms={:.3} barrier_ms={:.3} barrier_wait_ms={:.3}",
             self.read_faults,
             self.write_faults,
+            self.written_ahead,
             self.transactions,
             self.fast_releases,
             self.idle_releases,
@@ -203,6 +209,7 @@ impl Stats {
             transactions: l(&self.transactions),
             fast_releases: l(&self.fast_releases),
             idle_releases: l(&self.idle_releases),
+            written_ahead: l(&self.written_ahead),
             fast_reads: l(&self.fast_reads),
             invalidations: l(&self.invalidations),
             bytes_fetched: l(&self.bytes_fetched),
@@ -238,6 +245,15 @@ impl Drop for Timed<'_> {
         let ns = self.start.elapsed().as_nanos() as u64;
         self.into.fetch_add(ns, Ordering::Relaxed);
     }
+}
+
+/// Blocks a write fault makes writable ahead of the faulting one at most
+/// ([`Space::write_ahead`]).
+const WRITE_AHEAD: usize = 16;
+
+#[inline]
+fn bump_by(a: &AtomicUsize, n: usize) {
+    a.fetch_add(n, Ordering::Relaxed);
 }
 
 #[inline]
@@ -630,8 +646,59 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Makes block `idx` writable.
     pub fn start_write(&self, seg: &Segment<U>, idx: usize) -> DsmResult<()> {
         let mut m = seg.entry(idx).lock();
+        let ahead = m.state == BlockState::ReadonlyClean && m.written_last;
         let r = self.write_upgrade(seg, idx, &mut m);
+        drop(m);
+        let r = r.and_then(|()| {
+            if ahead {
+                self.write_ahead(seg, idx)
+            } else {
+                Ok(())
+            }
+        });
         self.guard(r)
+    }
+
+    /// Write-ahead: after a write fault on a clean copy of a block we were
+    /// the last writer of, the blocks after it that are the same — our own
+    /// part of an array that an OpenMP loop rewrites phase after phase —
+    /// become writable too, with one `mprotect` for the run, instead of one
+    /// fault each. A block made writable and then not written costs a
+    /// comparison with its twin at the next releases (an idle release) and
+    /// is protected again after a few.
+    fn write_ahead(&self, seg: &Segment<U>, idx: usize) -> DsmResult<()> {
+        let end = (idx + 1 + WRITE_AHEAD).min(seg.nblocks);
+        let mut run = Vec::new();
+        for j in idx + 1..end {
+            // Entries are taken in ascending order, and never waited for.
+            let Some(m) = seg.entry(j).try_lock() else {
+                break;
+            };
+            if m.state != BlockState::ReadonlyClean || !m.written_last || m.pins > 0 {
+                break;
+            }
+            run.push(m);
+        }
+        if run.is_empty() {
+            return Ok(());
+        }
+        let bs = seg.block_size;
+        for (k, m) in run.iter_mut().enumerate() {
+            let j = idx + 1 + k;
+            // SAFETY: as in `write_upgrade`: the application view of block
+            // `j` is read-only until the `protect` below, so nobody writes
+            // its system view meanwhile, and we hold its entry lock.
+            unsafe { core::ptr::copy_nonoverlapping(seg.sys(j), seg.twin_of(j), bs) };
+            m.state = BlockState::Writable;
+            m.idle_releases = 0;
+            self.add_to_write_set(seg, j, m);
+        }
+        bump_by(&self.stats.written_ahead, run.len());
+        layout::protect(
+            seg.app(idx + 1),
+            bs * run.len(),
+            BlockState::Writable.prot(),
+        )
     }
 
     fn write_upgrade(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) -> DsmResult<()> {

@@ -218,9 +218,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     // them for its own changes).
                     let mut runs = Vec::new();
                     diff::changed_runs(data, twin, &mut runs);
-                    // The home's copy holds the last writer's changes.
+                    // The home's copy holds the last writer's changes —
+                    // and the home's own, before it released them: if the
+                    // recorded last writer is us, the other side is the
+                    // home.
                     let writer = match lad.last_writer {
                         0 => home,
+                        w if w as usize - 1 == me => home,
                         w => w as usize - 1,
                     };
                     self.merge_checked(seg, idx, writer, (data, twin, &tmp.buf), diff::read_merge)?;
