@@ -62,6 +62,11 @@ fn phased_writers_all_policies() {
 }
 
 #[test]
+fn rewritten_runs_all_policies() {
+    run_everywhere("rewritten_runs", &[2, 3]);
+}
+
+#[test]
 fn false_sharing_all_policies() {
     run_everywhere("false_sharing", &[2, 3, 4]);
 }
