@@ -82,6 +82,11 @@ fn single_writer_never_stale_all_policies() {
 }
 
 #[test]
+fn prefetched_block_invalidated_before_use_is_never_stale_all_policies() {
+    run_everywhere("prefetch_invalidated", &[2, 3]);
+}
+
+#[test]
 fn single_writer_through_mutex_never_stale_all_policies() {
     run_everywhere("single_writer_mutex", &[2, 3]);
 }

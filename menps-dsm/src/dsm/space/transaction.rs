@@ -205,6 +205,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     twin.copy_from_slice(data);
                 }
             }
+        } else if !dirty && !matches!(kind, TxKind::Atomic(..)) {
+            // A clean copy is replaced: read the latest version straight
+            // into it (nothing of ours to merge, nothing to copy back).
+            // SAFETY: `data` is this process's copy of the block, `bs`
+            // bytes, which nobody else writes while we hold its locks.
+            let dst =
+                unsafe { core::slice::from_raw_parts_mut(data.as_mut_ptr().cast::<u8>(), bs) };
+            self.com.read(seg.data_win.at(home, off), dst)?;
+            self.stats.bytes_fetched.fetch_add(bs, Ordering::Relaxed);
         } else {
             let mut tmp = self.tmp(bs);
             self.com.read(seg.data_win.at(home, off), tmp.bytes_mut())?;
@@ -344,7 +353,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if !new_state.dirty() {
             m.in_write_set = false;
         }
-        if new_state != was || !was.readable() {
+        // A prefetch's caller protects its blocks together.
+        if (new_state != was || !was.readable()) && !matches!(kind, TxKind::Prefetch) {
             self.protect(seg, idx, new_state)?;
         }
         self.add_to_read_set(seg, idx, m);
