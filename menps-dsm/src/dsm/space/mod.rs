@@ -660,26 +660,33 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// misses would (a read transaction each: the latest version merged
     /// with our pending changes if the block has any, its lease from the
     /// block's lock-associated data, listed in the read set — so an acquire
-    /// drops a prefetched copy exactly as it drops any other), then makes
-    /// them readable with one `mprotect` per contiguous run. Readable blocks
-    /// are passed over; the scan stops at the first busy entry (another
-    /// thread is resolving that block). The entries stay locked until the
-    /// protection is set, so an invalidation cannot come in between.
+    /// drops a prefetched copy exactly as it drops any other; the clean ones
+    /// together: their locks in ascending order, one read per run held by
+    /// the same process), then makes them readable with one `mprotect` per
+    /// contiguous run. Readable blocks are passed over; the scan stops at
+    /// the first busy entry (another thread is resolving that block). The
+    /// entries stay locked until the protection is set, so an invalidation
+    /// cannot come in between.
     fn prefetch(&self, seg: &Segment<U>, idx: usize, ahead: usize) -> DsmResult<()> {
         let mut held = Vec::with_capacity(ahead);
-        // Runs of fetched blocks to protect: (first, count).
-        let mut runs: Vec<(usize, usize)> = Vec::new();
         let mut scanned = 0;
         for j in idx + 1..=idx + ahead {
-            let Some(mut m) = seg.entry(j).try_lock() else {
+            let Some(m) = seg.entry(j).try_lock() else {
                 break;
             };
             scanned += 1;
-            if m.state.readable() {
-                // Already here (a fixed home's own block, an earlier read).
-                continue;
+            // Already here (a fixed home's own block, an earlier read).
+            if !m.state.readable() {
+                held.push((j, m));
             }
-            if self.is_fixed_home(seg, j) {
+        }
+        if scanned < ahead {
+            seg.seq.cut(idx, scanned);
+        }
+        let mut clean = Vec::with_capacity(held.len());
+        for (j, m) in held.iter_mut() {
+            let m: &mut BlockMeta = m;
+            if self.is_fixed_home(seg, *j) {
                 // The master copy is here and always current (pending
                 // changes of ours stay pending).
                 m.state = if m.state.dirty() {
@@ -687,25 +694,31 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 } else {
                     BlockState::ReadonlyClean
                 };
-                self.add_to_read_set(seg, j, &mut m);
+                self.add_to_read_set(seg, *j, m);
+            } else if m.state.dirty() {
+                // Merged as a read miss would (an error fails the DSM; the
+                // caller records it).
+                self.transaction(seg, *j, m, TxKind::Prefetch)?;
             } else {
-                // An error fails the DSM (the caller records it).
-                self.transaction(seg, j, &mut m, TxKind::Prefetch)?;
-            }
-            held.push(m);
-            match runs.last_mut() {
-                Some((first, n)) if *first + *n == j => *n += 1,
-                _ => runs.push((j, 1)),
+                clean.push((*j, m));
             }
         }
-        if scanned < ahead {
-            seg.seq.cut(idx, scanned);
+        if !clean.is_empty() {
+            self.prefetch_clean(seg, &mut clean)?;
         }
+        drop(clean);
         self.stats
             .prefetched
             .fetch_add(held.len(), Ordering::Relaxed);
-        for (first, n) in runs {
-            self.protect_run(seg, first, n)?;
+        // One `mprotect` per contiguous run.
+        let mut k = 0;
+        while k < held.len() {
+            let mut n = 1;
+            while k + n < held.len() && held[k + n].0 == held[k].0 + n {
+                n += 1;
+            }
+            self.protect_run(seg, held[k].0, n)?;
+            k += n;
         }
         drop(held);
         Ok(())
