@@ -289,9 +289,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     // them for its own changes).
                     let mut runs = Vec::new();
                     diff::changed_runs(data, twin, &mut runs);
-                    // The home's copy holds the last writer's changes.
+                    // The home's copy holds the last writer's changes, and
+                    // the home's own unreleased ones: if we released last,
+                    // a change we meet there is the home's.
                     let writer = match lad.last_writer {
                         0 => home,
+                        w if w as usize - 1 == me => home,
                         w => w as usize - 1,
                     };
                     self.merge_checked(seg, idx, writer, (data, twin, &tmp.buf), diff::read_merge)?;
