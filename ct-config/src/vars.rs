@@ -196,6 +196,14 @@ pub const MENPS_DSM_FAST_READ: Var = var(
     "menps-dsm",
     "re-read an invalidated block from its write notice's writer",
 );
+/// Sequential prefetch window.
+pub const MENPS_DSM_PREFETCH: Var = var(
+    "MENPS_DSM_PREFETCH",
+    SIZE,
+    "256k",
+    "menps-dsm",
+    "bytes of blocks a read miss continuing a run of misses fetches ahead (0: off)",
+);
 /// Race detection while merging.
 pub const MENPS_DSM_RACE_DETECTION: Var = var(
     "MENPS_DSM_RACE_DETECTION",
@@ -456,6 +464,7 @@ pub const ALL: &[Var] = &[
     MENPS_DSM_INVALIDATION,
     MENPS_DSM_FAST_RELEASE,
     MENPS_DSM_FAST_READ,
+    MENPS_DSM_PREFETCH,
     MENPS_DSM_RACE_DETECTION,
     MENPS_STATS,
     MENPS_DSM_ON_RACE,

@@ -87,6 +87,16 @@ fn single_writer_never_stale_all_policies() {
 }
 
 #[test]
+fn prefetched_block_invalidated_before_use_is_never_stale_all_policies() {
+    run_everywhere("prefetch_invalidated", &[2, 3]);
+}
+
+#[test]
+fn barrier_work_does_not_grow_with_touched_memory_all_policies() {
+    run_everywhere("barrier_after_touch", &[2, 4]);
+}
+
+#[test]
 fn single_writer_through_mutex_never_stale_all_policies() {
     run_everywhere("single_writer_mutex", &[2, 3]);
 }

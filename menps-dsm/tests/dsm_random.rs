@@ -1324,7 +1324,12 @@ fn replay_one_seed() {
             env.extend(var(ENV_TRACE).map(|t| (ENV_TRACE, t)));
             env.extend(var(ENV_PROGRAMS).map(|t| (ENV_PROGRAMS, t)));
             let run = job(n, pol, &env);
-            for l in run.stdout.lines().filter(|l| l.starts_with("trace ")) {
+            // The trace, and every rank's summary (its protocol counters).
+            for l in run
+                .stdout
+                .lines()
+                .filter(|l| l.starts_with("trace ") || l.contains(": ok: "))
+            {
                 eprintln!("{l}");
             }
             programs_ran(

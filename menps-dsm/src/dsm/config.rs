@@ -79,6 +79,10 @@ pub struct DsmConfig {
     /// LU-style pipeline synchronised by flushes it returned stale data
     /// (the cause is not found yet).
     pub fast_read: bool,
+    /// Sequential prefetch: the most bytes of blocks a read miss that
+    /// continues a run of misses in its segment fetches ahead of it (whole
+    /// blocks; 0, or less than a segment's block size, turns it off there).
+    pub prefetch_bytes: usize,
     /// Write-write race detection while merging.
     pub race_detection: bool,
     /// What a detected race does.
@@ -116,6 +120,7 @@ impl Default for DsmConfig {
             invalidation: InvalidationPolicy::Hybrid,
             fast_release: true,
             fast_read: false,
+            prefetch_bytes: 256 * 1024,
             race_detection: true,
             on_race: RaceAction::Stop,
             block_size: 32 * 1024,
@@ -149,6 +154,7 @@ pub struct DsmConfigBuilder {
     invalidation: Option<InvalidationPolicy>,
     fast_release: Option<bool>,
     fast_read: Option<bool>,
+    prefetch_bytes: Option<usize>,
     race_detection: Option<bool>,
     print_stats: Option<bool>,
     on_race: Option<RaceAction>,
@@ -193,6 +199,9 @@ impl DsmConfigBuilder {
         fast_release: bool,
         /// Fast read (wins over `MENPS_DSM_FAST_READ`).
         fast_read: bool,
+        /// Sequential prefetch window in bytes, 0: off (wins over
+        /// `MENPS_DSM_PREFETCH`).
+        prefetch_bytes: usize,
         /// Race detection (wins over `MENPS_DSM_RACE_DETECTION`).
         race_detection: bool,
         /// Protocol counters printed at the end (wins over `MENPS_STATS`).
@@ -280,6 +289,11 @@ impl DsmConfigBuilder {
                 self.fast_read,
                 || vars::MENPS_DSM_FAST_READ.flag(),
                 b.fast_read,
+            )?,
+            prefetch_bytes: pick(
+                self.prefetch_bytes,
+                || vars::MENPS_DSM_PREFETCH.size(),
+                b.prefetch_bytes,
             )?,
             race_detection: pick(
                 self.race_detection,
@@ -404,6 +418,12 @@ impl DsmConfig {
         self.fast_read && self.invalidation == InvalidationPolicy::Hybrid
     }
 
+    /// Blocks of `block_size` bytes a sequential miss may fetch ahead of
+    /// itself (0: no prefetch).
+    pub fn prefetch_blocks(&self, block_size: usize) -> usize {
+        self.prefetch_bytes / block_size
+    }
+
     /// Write notices a signature keeps (0 under the timestamp policy).
     pub fn effective_wn_list_len(&self) -> usize {
         match self.invalidation {
@@ -474,5 +494,18 @@ mod tests {
         };
         assert!(!c.fast_read_active());
         assert_eq!(c.effective_wn_list_len(), 0);
+    }
+
+    #[test]
+    fn prefetch_window_in_blocks() {
+        let c = DsmConfig::default();
+        assert_eq!(c.prefetch_blocks(4096), 64);
+        assert_eq!(c.prefetch_blocks(32 * 1024), 8);
+        assert_eq!(c.prefetch_blocks(1 << 20), 0);
+        let off = DsmConfig {
+            prefetch_bytes: 0,
+            ..DsmConfig::default()
+        };
+        assert_eq!(off.prefetch_blocks(4096), 0);
     }
 }

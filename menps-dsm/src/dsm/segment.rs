@@ -18,7 +18,7 @@
 //!   counters), allocated lazily in chunks, each behind a mutex of the
 //!   threading library (resolution may park the holder).
 
-use core::sync::atomic::{AtomicPtr, Ordering};
+use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 use ct_sync::Mutex;
 use ct_worker::UltItf;
@@ -229,7 +229,48 @@ pub(crate) struct Segment<U: UltItf> {
     /// Whether the application view stays mapped at shutdown
     /// ([`Segment::retire`]).
     pub keep: bool,
+    /// The sequential-miss detector of prefetching.
+    pub seq: SeqDetector,
     chunks: Box<[AtomicPtr<BlockEntry<U>>]>,
+}
+
+/// Sequential-miss detection for prefetching, per segment: a read miss at
+/// the block right after the last fetched run (or one further: the block
+/// between may have been readable, a fixed home's own block) continues the
+/// run, and doubles the prefetch window up to its cap; any other miss
+/// resets it. (Relaxed atomics: a hint — concurrent misses at worst reset
+/// the run.)
+#[derive(Debug, Default)]
+pub(crate) struct SeqDetector {
+    /// Index + 1 of the block after the last run fetched (0: none yet).
+    next: AtomicUsize,
+    /// Blocks the last miss of the run fetched ahead.
+    window: AtomicUsize,
+}
+
+impl SeqDetector {
+    /// A read miss at block `idx`: how many blocks after it to fetch, at
+    /// most `cap` (and at most `room`, the blocks left in the segment).
+    pub fn on_miss(&self, idx: usize, cap: usize, room: usize) -> usize {
+        let next = self.next.load(Ordering::Relaxed);
+        let sequential = next != 0 && (next..=next + 1).contains(&(idx + 1));
+        let w = if sequential {
+            (self.window.load(Ordering::Relaxed) * 2).clamp(1, cap.max(1))
+        } else {
+            0
+        };
+        let w = w.min(cap).min(room);
+        self.window.store(w, Ordering::Relaxed);
+        self.next.store(idx + w + 2, Ordering::Relaxed);
+        w
+    }
+
+    /// The run was cut short after `fetched` of the blocks ahead of the
+    /// miss at `idx` (one was busy or not fetchable): the next sequential
+    /// miss is right after them.
+    pub fn cut(&self, idx: usize, fetched: usize) {
+        self.next.store(idx + fetched + 2, Ordering::Relaxed);
+    }
 }
 
 // SAFETY: the raw pointers are addresses of shared mappings that live as long
@@ -326,6 +367,7 @@ impl<U: UltItf> Segment<U> {
             data,
             twin,
             keep: false,
+            seq: SeqDetector::default(),
             chunks,
         })
     }

@@ -853,11 +853,18 @@ pub fn drive(mut cmd: Command, tag: &str, mut during: impl FnMut(u32, &str) -> b
     }
 }
 
-/// A command without any `MENPS_*` variable of the driver's environment.
+/// Variables of the driver's environment its jobs keep: the suites run
+/// with sequential prefetch on (the default) and off
+/// (`MENPS_DSM_PREFETCH=0 cargo test ...`).
+pub const PASSED_ON: &[&str] = &["MENPS_DSM_PREFETCH"];
+
+/// A command without any `MENPS_*` variable of the driver's environment
+/// (but those of [`PASSED_ON`]).
 pub fn clean_cmd(program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut cmd = Command::new(program);
     for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("MENPS_") {
+        let k_str = k.to_string_lossy();
+        if k_str.starts_with("MENPS_") && !PASSED_ON.contains(&&*k_str) {
             cmd.env_remove(k);
         }
     }

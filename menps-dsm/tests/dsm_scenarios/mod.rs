@@ -6,7 +6,7 @@
 
 use ct_worker::OsThreads;
 use menps_dsm::com::AnyCom;
-use menps_dsm::dsm::Dsm;
+use menps_dsm::dsm::{Dsm, WriterPolicy};
 
 use super::common::SCENARIO;
 
@@ -52,6 +52,8 @@ pub fn job_entry() {
         "single_writer" => single_writer(&dsm),
         "phased_writers" => phased_writers(&dsm),
         "rewritten_runs" => rewritten_runs(&dsm),
+        "prefetch_invalidated" => prefetch_invalidated(&dsm),
+        "barrier_after_touch" => barrier_after_touch(&dsm),
         "race" => race(&dsm),
         "races_reported" => races_reported(&dsm),
         "single_writer_mutex" => single_writer_mutex(&dsm),
@@ -334,6 +336,146 @@ fn phased_writers(dsm: &D) {
             "process {me}: too few idle releases: {after}"
         );
     }
+}
+
+/// Sequential prefetch meets invalidation: every round one process (in
+/// turn) writes a pattern over a segment of 4 KiB blocks; after a barrier
+/// the others read the first two blocks only — a sequential run, so with
+/// prefetching on (checked with a floating home: the block after them is
+/// readable, untouched) the next blocks are fetched ahead; after another barrier the writer
+/// rewrites the blocks the readers never touched, and after a third the
+/// readers read them all: a prefetched copy that the acquire did not drop
+/// shows as stale data. Rounds alternate between reading the rewritten
+/// blocks in order (prefetching again) and backwards.
+fn prefetch_invalidated(dsm: &D) {
+    const BLOCKS: usize = 48;
+    const WORDS: usize = 512; // per 4 KiB block
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let seg = dsm.alloc_segment(BLOCKS * 4096, 4096).unwrap() as *mut u64;
+    let at = |b: usize, w: usize| {
+        // SAFETY: inside the segment.
+        unsafe { seg.add(b * WORDS + w) }
+    };
+    let prefetching = dsm.config().prefetch_bytes >= 4 * 4096;
+    let before = dsm.stats().prefetched;
+    for round in 1..=24u64 {
+        let writer = round as usize % n;
+        if me == writer {
+            for b in 0..BLOCKS {
+                for w in 0..WORDS {
+                    // SAFETY: only the writer writes, between barriers.
+                    unsafe { at(b, w).write(word(round, b * WORDS + w)) };
+                }
+            }
+        }
+        dsm.barrier().unwrap();
+        if me != writer {
+            for b in 0..2 {
+                // SAFETY: written before the barrier.
+                let v = unsafe { at(b, 7).read() };
+                assert_eq!(v, word(round, b * WORDS + 7), "round {round}: block {b}");
+            }
+            // (With a fixed home, one of the two may be this process's own
+            // block: a hit, not a miss.)
+            if prefetching && dsm.config().writer == WriterPolicy::Floating {
+                assert!(
+                    dsm.block_state(at(2, 0) as *const u8)
+                        .is_some_and(|s| s.readable()),
+                    "round {round}: block 2 was not prefetched after two sequential misses"
+                );
+            }
+        }
+        dsm.barrier().unwrap();
+        let again = round + 1000;
+        if me == writer {
+            for b in 2..BLOCKS {
+                for w in (0..WORDS).step_by(3) {
+                    // SAFETY: only the writer writes, between barriers.
+                    unsafe { at(b, w).write(word(again, b * WORDS + w)) };
+                }
+            }
+        }
+        dsm.barrier().unwrap();
+        if me != writer {
+            let order: Vec<usize> = if round % 2 == 0 {
+                (2..BLOCKS).collect()
+            } else {
+                (2..BLOCKS).rev().collect()
+            };
+            for b in order {
+                for w in 0..WORDS {
+                    let want = if w % 3 == 0 {
+                        word(again, b * WORDS + w)
+                    } else {
+                        word(round, b * WORDS + w)
+                    };
+                    // SAFETY: written before the barrier.
+                    let v = unsafe { at(b, w).read() };
+                    assert_eq!(v, want, "round {round}: block {b} word {w} is stale");
+                }
+            }
+        }
+        dsm.barrier().unwrap();
+    }
+    let fetched = dsm.stats().prefetched - before;
+    if prefetching && me != 0 {
+        assert!(fetched > 0, "process {me} prefetched nothing");
+    }
+    if !prefetching {
+        assert_eq!(fetched, 0, "process {me} prefetched with prefetching off");
+    }
+}
+
+/// A barrier's work is proportional to what changed, not to what was
+/// touched before: process 0 writes 16 MiB (512 blocks of 32 KiB), every
+/// process reads it all; once the writer's blocks settled (a few
+/// barriers), further barriers with nothing written release, invalidate
+/// and fetch nothing — no protocol counter moves.
+fn barrier_after_touch(dsm: &D) {
+    let me = dsm.rank();
+    let len = 16 << 20;
+    let seg = dsm.alloc_segment(len, 32 * 1024).unwrap();
+    if me == 0 {
+        for i in (0..len).step_by(4096) {
+            // SAFETY: only process 0 writes, before the barrier.
+            unsafe { seg.add(i).write(1) };
+        }
+    }
+    dsm.barrier().unwrap();
+    for i in (0..len).step_by(4096) {
+        // SAFETY: written before the barrier.
+        assert_eq!(unsafe { seg.add(i).read() }, 1);
+    }
+    // The writer's blocks stay writable for a few releases (protected once
+    // they were released unchanged several times in a row).
+    for _ in 0..16 {
+        dsm.barrier().unwrap();
+    }
+    // The counters of per-block work (not the barrier count and times).
+    let work = || {
+        let s = dsm.stats();
+        [
+            s.read_faults,
+            s.write_faults,
+            s.transactions,
+            s.fast_releases,
+            s.idle_releases,
+            s.fast_reads,
+            s.invalidations,
+            s.bytes_fetched,
+            s.prefetched,
+        ]
+    };
+    let before = work();
+    for _ in 0..50 {
+        dsm.barrier().unwrap();
+    }
+    assert_eq!(
+        before,
+        work(),
+        "process {me}: barriers with nothing written did per-block work: {}",
+        dsm.stats()
+    );
 }
 
 /// Each process rewrites its own run of 32 blocks (4 KiB) after the run

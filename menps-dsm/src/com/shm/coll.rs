@@ -1,9 +1,15 @@
 //! Collectives on shm.
 //!
-//! **Barrier**: a shared arrival counter and generation. Each process reads
-//! the generation, then increments the counter; the last to arrive resets
-//! the counter, bumps the generation (release) and rings every doorbell; the
-//! others wait for the generation to change.
+//! **Barrier**: a dissemination barrier. In round `k` (of `ceil(log2 N)`)
+//! process `r` stores the barrier's number in an arrival word of process
+//! `r + 2^k` (mod N), rings its doorbell, and waits for its own round-`k`
+//! word to reach the number, written by process `r - 2^k`. Every process
+//! waits for one peer at a time and nobody waits on a word everybody
+//! writes; a waiter gives its processor up at once when the job has more
+//! processes than the machine has processors (see `ShmCom::wait_until`),
+//! so the peer it waits for — often queued on the same processor — runs.
+//! A peer may already signal round `k` of the next barrier before we saw
+//! this one's, so arrival words are compared as "at least".
 //!
 //! **Broadcast / allgather**: every process owns one scratch slot per
 //! *parity* (two buffers). Step `k` of a collective (one chunk of at most
@@ -31,6 +37,8 @@ const OP_BARRIER: u64 = 3;
 pub(crate) struct CollState {
     /// Collective steps taken so far (its parity selects the scratch buffer).
     step: u64,
+    /// Barriers passed so far (wrapping; the number of the last one).
+    barriers: u32,
     /// Id the next window will get.
     pub(crate) next_window: u32,
     /// Descriptor-passing sockets, by peer rank (rank 0 has one to every
@@ -42,6 +50,7 @@ impl CollState {
     pub(crate) fn new(peers: Vec<Option<OwnedFd>>) -> Self {
         CollState {
             step: 0,
+            barriers: 0,
             next_window: 0,
             peers,
         }
@@ -58,26 +67,36 @@ fn op_name(op: u64) -> &'static str {
 }
 
 impl<U: UltItf> ShmCom<U> {
-    /// The barrier; the caller holds the collective lock.
-    pub(crate) fn barrier_locked(&self) -> Result<()> {
+    /// The barrier; the caller holds the collective lock (`st`).
+    pub(crate) fn barrier_locked(&self, st: &mut CollState) -> Result<()> {
         self.check_alive()?;
-        let (count, generation) = self.control.barrier_words();
-        let g = generation.load(Ordering::Acquire);
-        if count.fetch_add(1, Ordering::AcqRel) + 1 == self.size as u64 {
-            count.store(0, Ordering::Relaxed);
-            generation.store(g.wrapping_add(1), Ordering::Release);
-            for r in 0..self.size {
-                if r != self.rank {
-                    self.control.notify(r);
-                }
-            }
-            Ok(())
-        } else {
+        let epoch = st.barriers.wrapping_add(1);
+        st.barriers = epoch;
+        let n = self.size;
+        let mine = &self.control.slot(self.rank).arrivals;
+        let mut dist = 1;
+        let mut round = 0;
+        while dist < n {
+            let to = (self.rank + dist) % n;
+            self.control.slot(to).arrivals[round].store(epoch, Ordering::Release);
+            self.control.notify(to);
+            let word = &mine[round];
             let what = || "a barrier or collective".to_string();
-            self.wait_until(Watch::AllOthers, Some(&what), || {
-                Ok((generation.load(Ordering::Acquire) != g).then_some(()))
-            })
+            // A peer that left after passing this barrier sent all its
+            // signals: only one that left before is an error.
+            self.wait_until(Watch::AllOthers(epoch), Some(&what), || {
+                // At least `epoch` (wrapping): the peer may be a barrier ahead.
+                let seen = word.load(Ordering::Acquire);
+                Ok(((seen.wrapping_sub(epoch) as i32) >= 0).then_some(()))
+            })?;
+            dist *= 2;
+            round += 1;
         }
+        self.control
+            .slot(self.rank)
+            .passed
+            .store(epoch, Ordering::Release);
+        Ok(())
     }
 
     /// One collective step: publishes our header (and `chunk` for
@@ -101,7 +120,7 @@ impl<U: UltItf> ShmCom<U> {
         // SAFETY: our slot has room for `chunk_bytes`; nobody reads it until
         // the barrier below, and nobody else writes it.
         unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), data, chunk.len()) };
-        self.barrier_locked()?;
+        self.barrier_locked(st)?;
         for r in 0..self.size {
             let (hr, _) = self.control.scratch(parity, r);
             let (rop, rlen, rroot) = (

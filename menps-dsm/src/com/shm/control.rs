@@ -7,8 +7,8 @@
 //! ```text
 //! header      magic, version, nprocs, sizes; `failed` (0, or 1 + first dead rank)
 //! ranks[N]    per process: state (running / exited / died), pid,
-//!             doorbell (futex word) and sleeper count
-//! barrier     arrival count; generation (separate cache lines)
+//!             doorbell (futex word) and sleeper count, the dissemination
+//!             barrier's arrival words
 //! rings[N×N]  p2p byte ring from s to r: head, tail (own lines), data
 //! scratch     2 parities × N slots of {header, chunk bytes} for collectives
 //! ```
@@ -30,7 +30,7 @@ use crate::com::{Error, MAX_MESSAGE_BYTES, Result};
 use crate::sys::{self, Mapping, round_up};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"MENPSCT1");
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
 
 /// Largest supported process count.
 pub const MAX_PROCS: usize = 256;
@@ -88,7 +88,17 @@ pub(crate) struct RankSlot {
     /// ([`Control::claim_report`]): a launcher the program started itself
     /// then adds nothing when it ends.
     pub reported: AtomicU32,
+    /// Dissemination barrier: word `k` holds the number of the latest
+    /// barrier whose round `k` signal reached this process (written by the
+    /// peer `2^k` ranks below it).
+    pub arrivals: [AtomicU32; BARRIER_ROUNDS],
+    /// The number of the latest barrier this process passed (a process
+    /// that leaves the job right after a barrier did not leave it early).
+    pub passed: AtomicU32,
 }
+
+/// Rounds of the dissemination barrier for [`MAX_PROCS`] processes.
+pub(crate) const BARRIER_ROUNDS: usize = MAX_PROCS.trailing_zeros() as usize;
 
 /// Head (written by the sender) and tail (written by the receiver) of a p2p
 /// ring, as byte counts since the start; the data follows the header.
@@ -116,7 +126,6 @@ pub(crate) struct Layout {
     pub ring_bytes: usize,
     pub chunk_bytes: usize,
     ranks_off: usize,
-    barrier_off: usize,
     rings_off: usize,
     ring_stride: usize,
     scratch_off: usize,
@@ -149,9 +158,8 @@ impl Layout {
         let page = sys::page_size();
         let too_big = || Error::BadConfig("control memory size overflows".into());
         let ranks_off = round_up(size_of::<Header>(), page).ok_or_else(too_big)?;
-        let barrier_off = ranks_off + nprocs * size_of::<RankSlot>();
         let rings_off =
-            round_up(barrier_off + 2 * size_of::<Line<AtomicU64>>(), page).ok_or_else(too_big)?;
+            round_up(ranks_off + nprocs * size_of::<RankSlot>(), page).ok_or_else(too_big)?;
         let ring_stride = round_up(size_of::<RingHdr>() + ring_bytes, page).ok_or_else(too_big)?;
         let scratch_off = nprocs
             .checked_mul(nprocs)
@@ -169,7 +177,6 @@ impl Layout {
             ring_bytes,
             chunk_bytes,
             ranks_off,
-            barrier_off,
             rings_off,
             ring_stride,
             scratch_off,
@@ -261,7 +268,7 @@ impl Control {
             return Err(bad("size does not match its header"));
         }
         let map = if slots_only {
-            // Header, rank slots and barrier words: the first pages.
+            // Header and rank slots: the first pages.
             Mapping::shared(fd, layout.rings_off)?
         } else {
             map
@@ -306,14 +313,6 @@ impl Control {
             0 => None,
             r => Some(r as usize - 1),
         }
-    }
-
-    /// Barrier arrival counter and generation.
-    pub fn barrier_words(&self) -> (&AtomicU64, &AtomicU64) {
-        let off = self.layout.barrier_off;
-        let count: &Line<AtomicU64> = self.at(off);
-        let generation: &Line<AtomicU64> = self.at(off + size_of::<Line<AtomicU64>>());
-        (&count.0, &generation.0)
     }
 
     /// The ring from process `s` to process `r`.

@@ -9,12 +9,15 @@
 //!   processes in the control memory (module `control`); the receiver drains its
 //!   rings into per-(sender, tag) queues, which gives tag matching and FIFO
 //!   order per (sender, receiver, tag).
-//! - **Collectives**: a counter/generation barrier and double-buffered
+//! - **Collectives**: a dissemination barrier and double-buffered
 //!   scratch slots (one barrier per chunk).
 //! - **Waiting** polls with short pauses for about 5 µs, then yields (the user-level thread with
 //!   `U::yield_now`, and the OS thread), then sleeps on the process's futex
 //!   doorbell with a 1 ms timeout, yielding between sleeps — so four
 //!   processes on two cores make progress and idle waiting costs no CPU.
+//!   With more processes than processors a wait yields after two polls
+//!   (the peer it waits for may be queued on its processor), and yields
+//!   longer before it sleeps.
 //! - **Failures**: the launcher marks ended processes in the control memory
 //!   and rings every doorbell; waits check those marks. Nothing has a name in
 //!   any file system, so nothing is left behind however the job ends.
@@ -53,6 +56,9 @@ pub struct ShmCom<U: UltItf = Ult> {
     windows: window::WindowTable,
     p2p: p2p::P2pState,
     coll: ct_sync::Mutex<coll::CollState, U>,
+    /// Polls, then yields, before a wait sleeps (see [`SPIN_ROUNDS`]).
+    spin_rounds: u32,
+    yield_rounds: u32,
     _u: PhantomData<fn() -> U>,
 }
 
@@ -70,8 +76,10 @@ impl<U: UltItf> core::fmt::Debug for ShmCom<U> {
 pub(crate) enum Watch {
     /// Fails if this process has left the job.
     Rank(usize),
-    /// Fails if any other process has left the job.
-    AllOthers,
+    /// Fails if another process has left the job without passing the
+    /// barrier of this number (barrier numbers wrap): one that passed it
+    /// has sent every signal of it.
+    AllOthers(u32),
     /// Fails if every other process has left the job.
     AnyOther,
 }
@@ -79,7 +87,19 @@ pub(crate) enum Watch {
 /// Polls with a short pause in between (about 5 µs in all on this kind of
 /// machine), so that a peer running on another core is seen at once.
 const SPIN_ROUNDS: u32 = 128;
+/// Then yields (each returns at once when nobody else waits for the
+/// processor) for up to about a millisecond before sleeping: a peer a few
+/// tens of microseconds behind — a barrier after uneven work, the next
+/// fork of a short region — is met without a futex wake-up, whose latency
+/// on a virtual machine is tens of microseconds.
 const YIELD_ROUNDS: u32 = 1024;
+/// The same when the job has more processes than the machine has
+/// processors: the peer we wait for may be queued behind us on our own
+/// processor, so the processor is given up almost at once, and for longer
+/// before sleeping (a yield with nobody else runnable returns at once, so
+/// this costs no latency when the peer runs elsewhere).
+const SPIN_ROUNDS_OVERSUBSCRIBED: u32 = 2;
+const YIELD_ROUNDS_OVERSUBSCRIBED: u32 = 256;
 const SLEEP: Duration = Duration::from_millis(1);
 
 impl<U: UltItf> ShmCom<U> {
@@ -94,9 +114,19 @@ impl<U: UltItf> ShmCom<U> {
             .slot(rank)
             .joined
             .store(1, std::sync::atomic::Ordering::Release);
+        // More processes than processors (all of the job's processes run on
+        // this machine).
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let (spin_rounds, yield_rounds) = if size > cpus {
+            (SPIN_ROUNDS_OVERSUBSCRIBED, YIELD_ROUNDS_OVERSUBSCRIBED)
+        } else {
+            (SPIN_ROUNDS, YIELD_ROUNDS)
+        };
         ShmCom {
             rank,
             size,
+            spin_rounds,
+            yield_rounds,
             windows: window::WindowTable::new(),
             p2p: p2p::P2pState::new(size),
             coll: ct_sync::Mutex::new_in(coll::CollState::new(peers)),
@@ -161,8 +191,13 @@ impl<U: UltItf> ShmCom<U> {
             Watch::Rank(r) => left(r).then_some(Error::PeerExited { rank: r }),
             // Name the process that left first (the others may have left
             // because of it).
-            Watch::AllOthers => (0..self.size)
-                .filter(|&r| r != self.rank && left(r))
+            Watch::AllOthers(epoch) => (0..self.size)
+                .filter(|&r| {
+                    r != self.rank && left(r) && {
+                        let passed = self.control.slot(r).passed.load(Ordering::Acquire);
+                        (passed.wrapping_sub(epoch) as i32) < 0
+                    }
+                })
                 .min_by_key(|&r| self.control.slot(r).ended_seq.load(Ordering::Acquire))
                 .map(|rank| Error::PeerExited { rank }),
             Watch::AnyOther => {
@@ -226,11 +261,14 @@ impl<U: UltItf> ShmCom<U> {
                 // What we wait for may have happened just before the peer left.
                 return poll()?.ok_or(e);
             }
-            if round < SPIN_ROUNDS {
+            if round < self.spin_rounds {
                 std::hint::spin_loop();
-            } else if round < SPIN_ROUNDS + YIELD_ROUNDS {
+            } else if round < self.spin_rounds + self.yield_rounds {
                 U::yield_now();
-                std::thread::yield_now();
+                // On OS threads `U::yield_now` was the processor's yield.
+                if core::any::TypeId::of::<U>() != core::any::TypeId::of::<ct_worker::OsThreads>() {
+                    std::thread::yield_now();
+                }
             } else {
                 let since = *asleep_since.get_or_insert_with(std::time::Instant::now);
                 if !reported
@@ -247,7 +285,7 @@ impl<U: UltItf> ShmCom<U> {
                 // Peers are watched here too, not only by the launcher (which
                 // may be stopped or descheduled): every 64 sleeps, about
                 // every 64 ms.
-                if (round - SPIN_ROUNDS - YIELD_ROUNDS).is_multiple_of(64) {
+                if (round - self.spin_rounds - self.yield_rounds).is_multiple_of(64) {
                     self.watch_peers();
                 }
                 let slot = self.control.slot(self.rank);
@@ -312,7 +350,7 @@ impl<U: UltItf> ShmCom<U> {
     ) -> String {
         let peers: Vec<usize> = match watch {
             Watch::Rank(r) => vec![r],
-            Watch::AllOthers | Watch::AnyOther => {
+            Watch::AllOthers(_) | Watch::AnyOther => {
                 (0..self.size).filter(|&r| r != self.rank).collect()
             }
         };
@@ -328,7 +366,7 @@ impl<U: UltItf> ShmCom<U> {
             .collect();
         let whom = match watch {
             Watch::Rank(r) => format!("rank {r}"),
-            Watch::AllOthers => "every other rank".to_string(),
+            Watch::AllOthers(_) => "every other rank".to_string(),
             Watch::AnyOther => "any other rank".to_string(),
         };
         let mut msg = format!(

@@ -84,6 +84,9 @@ pub(crate) enum Init<'a> {
 enum TxKind {
     /// A read miss whose lease expired (or without fast read).
     Read,
+    /// A read of an invalid block ahead of a sequential miss: as
+    /// [`TxKind::Read`], but the caller sets the protection.
+    Prefetch,
     /// A release of a dirty block.
     Release,
     /// An invalidated pinned block, merged in place.
@@ -128,6 +131,8 @@ pub struct Stats {
     /// Nanoseconds spent in DSM barriers waiting for the other processes
     /// (the communication layer's barrier).
     pub barrier_wait_ns: AtomicU64,
+    /// Blocks fetched ahead of sequential read misses.
+    pub prefetched: AtomicUsize,
 }
 
 /// Counters as plain numbers.
@@ -167,6 +172,8 @@ pub struct StatsSnapshot {
     pub barrier_ns: u64,
     /// Nanoseconds of `barrier_ns` spent waiting for the other processes.
     pub barrier_wait_ns: u64,
+    /// Blocks fetched ahead of sequential read misses (`MENPS_DSM_PREFETCH`).
+    pub prefetched: usize,
 }
 
 impl core::fmt::Display for StatsSnapshot {
@@ -178,7 +185,8 @@ impl core::fmt::Display for StatsSnapshot {
             "read_faults={} write_faults={} written_ahead={} transactions={} fast_releases={} \
              idle_releases={} fast_reads={} \
              invalidations={} bytes_fetched={} barriers={} flushes={} fault_ms={:.3} \
-             release_ms={:.3} acquire_ms={:.3} barrier_ms={:.3} barrier_wait_ms={:.3}",
+             release_ms={:.3} acquire_ms={:.3} barrier_ms={:.3} barrier_wait_ms={:.3} \
+             prefetched={}",
             self.read_faults,
             self.write_faults,
             self.written_ahead,
@@ -195,6 +203,7 @@ impl core::fmt::Display for StatsSnapshot {
             ms(self.acquire_ns),
             ms(self.barrier_ns),
             ms(self.barrier_wait_ns),
+            self.prefetched,
         )
     }
 }
@@ -220,6 +229,7 @@ impl Stats {
             acquire_ns: t(&self.acquire_ns),
             barrier_ns: t(&self.barrier_ns),
             barrier_wait_ns: t(&self.barrier_wait_ns),
+            prefetched: l(&self.prefetched),
         }
     }
 }
@@ -640,7 +650,102 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             return Ok(());
         }
         let r = self.read_upgrade(seg, idx, &mut m, false);
-        self.guard(r)
+        drop(m);
+        self.guard(r)?;
+        let cap = self.prefetch_cap(seg);
+        if cap > 0 {
+            let ahead = seg.seq.on_miss(idx, cap, seg.nblocks - idx - 1);
+            if ahead > 0 {
+                let r = self.prefetch(seg, idx, ahead);
+                self.guard(r)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks a sequential miss in `seg` may fetch ahead (0: none).
+    fn prefetch_cap(&self, seg: &Segment<U>) -> usize {
+        // Call stacks are pinned while used, and their guards never valid.
+        if Some(seg.id) == RegionKind::Stacks.fixed_id() {
+            return 0;
+        }
+        self.cfg.prefetch_blocks(seg.block_size)
+    }
+
+    /// Sequential prefetch: reads blocks `idx + 1 ..= idx + ahead` as read
+    /// misses would (a read transaction each: the latest version merged
+    /// with our pending changes if the block has any, its lease from the
+    /// block's lock-associated data, listed in the read set — so an acquire
+    /// drops a prefetched copy exactly as it drops any other; the clean ones
+    /// together: their locks in ascending order, one read per run held by
+    /// the same process), then makes them readable with one `mprotect` per
+    /// contiguous run. Readable blocks are passed over; the scan stops at
+    /// the first busy entry (another thread is resolving that block). The
+    /// entries stay locked until the protection is set, so an invalidation
+    /// cannot come in between.
+    fn prefetch(&self, seg: &Segment<U>, idx: usize, ahead: usize) -> DsmResult<()> {
+        let mut held = Vec::with_capacity(ahead);
+        let mut scanned = 0;
+        for j in idx + 1..=idx + ahead {
+            let Some(m) = seg.entry(j).try_lock() else {
+                break;
+            };
+            scanned += 1;
+            // Already here (a fixed home's own block, an earlier read).
+            if !m.state.readable() {
+                held.push((j, m));
+            }
+        }
+        if scanned < ahead {
+            seg.seq.cut(idx, scanned);
+        }
+        let mut clean = Vec::with_capacity(held.len());
+        for (j, m) in held.iter_mut() {
+            let m: &mut BlockMeta = m;
+            if self.is_fixed_home(seg, *j) {
+                // The master copy is here and always current (pending
+                // changes of ours stay pending).
+                m.state = if m.state.dirty() {
+                    BlockState::ReadonlyDirty
+                } else {
+                    BlockState::ReadonlyClean
+                };
+                self.add_to_read_set(seg, *j, m);
+            } else if m.state.dirty() {
+                // Merged as a read miss would (an error fails the DSM; the
+                // caller records it).
+                self.transaction(seg, *j, m, TxKind::Prefetch)?;
+            } else {
+                clean.push((*j, m));
+            }
+        }
+        if !clean.is_empty() {
+            self.prefetch_clean(seg, &mut clean)?;
+        }
+        drop(clean);
+        self.stats
+            .prefetched
+            .fetch_add(held.len(), Ordering::Relaxed);
+        // One `mprotect` per contiguous run.
+        let mut k = 0;
+        while k < held.len() {
+            let mut n = 1;
+            while k + n < held.len() && held[k + n].0 == held[k].0 + n {
+                n += 1;
+            }
+            self.protect_run(seg, held[k].0, n)?;
+            k += n;
+        }
+        drop(held);
+        Ok(())
+    }
+
+    /// Makes `n` blocks from `first` read-only (one `mprotect`).
+    fn protect_run(&self, seg: &Segment<U>, first: usize, n: usize) -> DsmResult<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        layout::protect(seg.app(first), n * seg.block_size, libc::PROT_READ)
     }
 
     /// Makes block `idx` writable.

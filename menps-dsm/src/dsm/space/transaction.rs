@@ -127,6 +127,71 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
     }
 
+    /// Process whose copy a transaction under `lad` reads (this process:
+    /// nothing to read).
+    pub(super) fn tx_home(&self, seg: &Segment<U>, idx: usize, lad: &Lad) -> usize {
+        if self.cfg.writer == WriterPolicy::Fixed {
+            self.fixed_home(seg, idx)
+        } else if lad.last_writer == 0 {
+            self.rank
+        } else {
+            lad.last_writer as usize - 1
+        }
+    }
+
+    /// Sequential prefetch of the clean invalid blocks `blocks` (ascending,
+    /// their entries locked by the caller): takes every block's global lock
+    /// in order (all nesting of block locks is ascending within a segment,
+    /// so it cannot deadlock), reads each run of blocks that are contiguous
+    /// and held by the same process with one read, then finishes and
+    /// unlocks each block as a read transaction would.
+    pub(super) fn prefetch_clean(
+        &self,
+        seg: &Segment<U>,
+        blocks: &mut [(usize, &mut BlockMeta)],
+    ) -> DsmResult<()> {
+        let bs = seg.block_size;
+        let mut lads = Vec::with_capacity(blocks.len());
+        for (j, m) in blocks.iter_mut() {
+            debug_assert!(m.state == BlockState::InvalidClean);
+            bump(&self.stats.transactions);
+            m.force_tx = false;
+            lads.push(self.lock_block(seg, *j)?);
+        }
+        // One read per run of contiguous blocks with the same remote home.
+        let mut k = 0;
+        while k < blocks.len() {
+            let home = self.tx_home(seg, blocks[k].0, &lads[k]);
+            let mut n = 1;
+            while k + n < blocks.len()
+                && blocks[k + n].0 == blocks[k].0 + n
+                && self.tx_home(seg, blocks[k + n].0, &lads[k + n]) == home
+            {
+                n += 1;
+            }
+            if home != self.rank {
+                let first = blocks[k].0;
+                // SAFETY: our copies of blocks `first .. first + n`
+                // (contiguous in the window), which are invalid (the
+                // application view has no access) and whose entries are
+                // locked: nobody else touches them.
+                let dst = unsafe { core::slice::from_raw_parts_mut(seg.sys(first), n * bs) };
+                self.com
+                    .read(seg.data_win.at(home, seg.offset(first)), dst)?;
+                self.stats
+                    .bytes_fetched
+                    .fetch_add(n * bs, Ordering::Relaxed);
+            }
+            k += n;
+        }
+        for ((j, m), mut lad) in blocks.iter_mut().zip(lads) {
+            let was = m.state;
+            self.transaction_locked(seg, *j, m, TxKind::Prefetch, was, false, &mut lad)?;
+            self.unlock_block(seg, *j, lad)?;
+        }
+        Ok(())
+    }
+
     /// Process whose copy holds the version the LAD describes.
     pub(super) fn lad_holder(&self, seg: &Segment<U>, idx: usize, lad: &Lad) -> usize {
         match self.cfg.writer {
@@ -159,13 +224,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let bs = seg.block_size;
         let off = seg.offset(idx);
         let fixed = self.cfg.writer == WriterPolicy::Fixed;
-        let home = if fixed {
-            self.fixed_home(seg, idx)
-        } else if lad.last_writer == 0 {
-            me
-        } else {
-            lad.last_writer as usize - 1
-        };
+        let home = self.tx_home(seg, idx, lad);
         let remote = home != me;
         let thr = self.cfg.wr_count_threshold;
         let pinned = was == BlockState::Pinned;
@@ -204,6 +263,18 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 if written {
                     twin.copy_from_slice(data);
                 }
+            }
+        } else if !dirty && !matches!(kind, TxKind::Atomic(..)) {
+            // A clean copy is replaced: read the latest version straight
+            // into it (nothing of ours to merge, nothing to copy back) —
+            // unless a prefetch read it already, with its neighbours.
+            if !matches!(kind, TxKind::Prefetch) {
+                // SAFETY: `data` is this process's copy of the block, `bs`
+                // bytes, which nobody else writes while we hold its locks.
+                let dst =
+                    unsafe { core::slice::from_raw_parts_mut(data.as_mut_ptr().cast::<u8>(), bs) };
+                self.com.read(seg.data_win.at(home, off), dst)?;
+                self.stats.bytes_fetched.fetch_add(bs, Ordering::Relaxed);
             }
         } else {
             let mut tmp = self.tmp(bs);
@@ -348,7 +419,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if !new_state.dirty() {
             m.in_write_set = false;
         }
-        if new_state != was || !was.readable() {
+        // A prefetch's caller protects its blocks together.
+        if (new_state != was || !was.readable()) && !matches!(kind, TxKind::Prefetch) {
             self.protect(seg, idx, new_state)?;
         }
         self.add_to_read_set(seg, idx, m);
