@@ -11,8 +11,8 @@
 //!
 //! The loops work on 64-bit words and compile to SIMD. They need exclusive
 //! access to the buffers they write (callers protect the block first or work
-//! on blocks the application cannot touch), except [`write_merge`]'s `data`,
-//! which this process's threads may write meanwhile.
+//! on blocks the application cannot touch), except [`write_merge`]'s `data`
+//! for a pinned call stack, which its thread may write meanwhile.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -155,8 +155,7 @@ pub fn write_merge(
             // Only words the other side changed are rewritten in `data`, and
             // each with one atomic xor, so a word (or another byte of a
             // word) this process is writing concurrently — a pinned call
-            // stack's live frame, a writable block merged without
-            // protecting it — is never overwritten with an older value.
+            // stack's live frame — is never overwritten with an older value.
             let r = other[i] ^ twin[i];
             let m = if r != 0 {
                 // SAFETY: `data[i]` is a valid, aligned word; other threads

@@ -37,9 +37,7 @@
 //!   written in one phase, released at every barrier of the others) is
 //!   *idle*: it announces nothing, and readers keep their copies; a block
 //!   idle at several releases in a row is protected and leaves the write
-//!   set. A merge with another process's version rewrites only the words
-//!   that version changed, one atomic operation each, so a writable block
-//!   is merged without stopping its local writers.
+//!   set.
 //! - **Two-way merging**: invalidating a block with local changes keeps them
 //!   (`InvalidDirty`) and merges them at the next release.
 //! - **Sequential prefetch** (`MENPS_DSM_PREFETCH`, on by default): a read

@@ -104,6 +104,11 @@ pub(crate) struct BlockMeta {
     /// Releases in a row that found the writable block unchanged since
     /// the previous one (and so announced nothing).
     pub idle_releases: u32,
+    /// What our last fast release published, when one did since the last
+    /// transaction (the twin is not updated by a fast release: it stays
+    /// the base version a later merge needs); `None`: the twin is what we
+    /// released last.
+    pub released: Option<Box<[u64]>>,
     /// Our last transaction left us the last writer (our copy is the
     /// latest version and our LAD slot describes it): fast release may
     /// apply while the lock stays here.

@@ -796,6 +796,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             unsafe { core::ptr::copy_nonoverlapping(seg.sys(j), seg.twin_of(j), bs) };
             m.state = BlockState::Writable;
             m.idle_releases = 0;
+            m.released = None;
             self.add_to_write_set(seg, j, m);
         }
         bump_by(&self.stats.written_ahead, run.len());
@@ -826,6 +827,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             unsafe {
                 core::ptr::copy_nonoverlapping(seg.sys(idx), seg.twin_of(idx), seg.block_size)
             };
+            m.released = None;
         }
         m.state = BlockState::Writable;
         self.add_to_write_set(seg, idx, m);

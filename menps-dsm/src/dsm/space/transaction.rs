@@ -228,15 +228,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let remote = home != me;
         let thr = self.cfg.wr_count_threshold;
         let pinned = was == BlockState::Pinned;
-        // Stop local writers when the block keeps being released without
-        // writes, and before a fixed home's changes are merged into our copy.
-        // A floating merge (`diff::write_merge`) rewrites only the words the
-        // other version changed, each with one atomic operation, so local
-        // writers may go on meanwhile (a word they write after it reads the
-        // word stays in our diff; one it captures in the twin is covered by
-        // this transaction's write notice, pushed after).
-        let protect_before =
-            was == BlockState::Writable && ((remote && fixed) || m.wr_count >= thr);
+        // Stop local writers before merging remote changes into our copy (or
+        // when the block keeps being released without writes). Merging into
+        // a writable copy while this process's other threads go on writing
+        // it lost updates in an LU-style flag pipeline with two threads per
+        // process, although the merge rewrites only the other side's words,
+        // atomically.
+        let protect_before = was == BlockState::Writable && (remote || m.wr_count >= thr);
         if protect_before {
             layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
         }
@@ -438,6 +436,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         m.fast_rel_count = 0;
         m.idle_releases = 0;
+        // The twin (or the state) describes what we released now.
+        m.released = None;
         // Whenever our copy is the latest version (also after a floating
         // merge, or a transaction that found nothing written): our LAD slot
         // describes it and the lock stays here.
@@ -478,13 +478,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         let bs = seg.block_size;
         // SAFETY: this process's copy and twin of the block, under its entry
-        // lock. The twin is only written under the entry lock (or, by
-        // another process's copy-back, while that process holds the global
-        // lock, which our lock word says it does not). The copy may be
-        // written by this process's threads meanwhile: a word written after
-        // the comparison or the copy below is a write after this release,
-        // announced by a later one (see below).
-        let (data, twin) = unsafe {
+        // lock, read only. The copy may be written by this process's threads
+        // meanwhile (a word written after the comparison is a write after
+        // this release, announced by a later one); the twin only by another
+        // process's copy-back while it holds the global lock — which the
+        // check after the comparison rules out.
+        let (data, twin): (&[u64], &[u64]) = unsafe {
             (
                 diff::words_mut(seg.sys(idx), bs),
                 diff::words_mut(seg.twin_of(idx), bs),
@@ -496,18 +495,29 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let skip = self.stack_live.get().map_or(0, |l| {
             l.dead_prefix(seg.app(idx), super::live::stack_pointer())
         }) / 8;
-        if data[skip..] == twin[skip..] {
+        // The version we released last: our snapshot of it if a fast release
+        // made it, else the twin (a transaction's).
+        let base: &[u64] = m.released.as_deref().unwrap_or(twin);
+        if data[skip..] == base[skip..] {
+            // Still ours, also while we compared (a copy-back into the twin
+            // meanwhile would have needed the lock).
+            fence(Ordering::SeqCst);
+            if !qlock::owned_here(&self.com, &site)? {
+                return Ok(false);
+            }
             bump(&self.stats.idle_releases);
             m.idle_releases += 1;
             if m.idle_releases >= IDLE_RELEASES_MAX && m.state == BlockState::Writable {
                 // Nothing to announce and the latest version is ours:
                 // protecting needs no transaction. The next write faults
-                // and lists the block again. (Pinned blocks are never
-                // protected.)
+                // and lists the block again (the twin is the base of the
+                // changes since the last transaction, so its copy then
+                // starts a clean diff). Pinned blocks are never protected.
                 layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
                 m.state = BlockState::ReadonlyClean;
                 m.in_write_set = false;
                 m.idle_releases = 0;
+                m.released = None;
             }
             return Ok(true);
         }
@@ -529,12 +539,17 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if !qlock::owned_here(&self.com, &site)? {
             return Ok(false);
         }
-        // The released version becomes the base of the next comparison. A
-        // word another thread of this process writes while we copy may land
-        // in the twin: it is then covered by the write notice pushed below
+        // The released version, for the next release to compare with: in a
+        // snapshot of our own, not in the twin, which stays the base of the
+        // diff a later merge needs and which a process taking the block may
+        // rewrite (its copy-back) at any moment from now on. A word another
+        // thread of this process writes while we copy may land in the
+        // snapshot: it is then covered by the write notice pushed below
         // (after the copy), which every later release of this process
         // carries in its signature.
-        twin.copy_from_slice(data);
+        m.released
+            .get_or_insert_with(|| vec![0; data.len()].into_boxed_slice())
+            .copy_from_slice(data);
         bump(&self.stats.fast_releases);
         m.fast_rel_count += 1;
         m.idle_releases = 0;
