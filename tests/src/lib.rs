@@ -222,9 +222,10 @@ pub fn profile_dir() -> PathBuf {
     }
 }
 
-/// Our runtime library: `$MENPS_GOMP_LIB`, else `libmenps_gomp.so` in the
-/// profile directory or its `deps/`. Panics (fails the test) if there is
-/// none: a missing library is a failure, not a skip.
+/// Our runtime library: `$MENPS_GOMP_LIB`, else the newer of
+/// `libmenps_gomp.so` in the profile directory and in its `deps/`. Panics
+/// (fails the test) if there is none: a missing library is a failure, not a
+/// skip.
 pub fn our_library() -> PathBuf {
     if let Some(path) = std::env::var_os(OUR_LIBRARY_ENV) {
         let path = PathBuf::from(path);
@@ -240,10 +241,15 @@ pub fn our_library() -> PathBuf {
         profile.join(OUR_LIBRARY),
         profile.join("deps").join(OUR_LIBRARY),
     ];
-    for c in &candidates {
-        if c.is_file() {
-            return c.clone();
-        }
+    // The newer of the two: `cargo build` leaves the library in the profile
+    // directory, `cargo test` only in `deps/`, so after a `cargo build` the
+    // first can be an old one that a later `cargo test` did not replace.
+    let newest = candidates
+        .iter()
+        .filter_map(|c| Some((c.metadata().ok()?.modified().ok()?, c)))
+        .max_by_key(|&(t, _)| t);
+    if let Some((_, c)) = newest {
+        return c.clone();
     }
     panic!(
         "our OpenMP runtime {OUR_LIBRARY} is missing (looked for {} and {}); build it \
