@@ -455,7 +455,14 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     pub fn finalize(mut self) -> DsmResult<()> {
         self.done = true;
         process::unregister();
-        let r = self.space.barrier();
+        // The last DSM barrier, then one of the communication layer: after
+        // its own barrier a process still reads the others' signatures, so
+        // none may leave before every process has (with a dissemination
+        // barrier one can finish its rounds well before another).
+        let r = self
+            .space
+            .barrier()
+            .and_then(|()| Ok(self.com().barrier()?));
         if self.config().print_stats {
             // One write, so that the lines of several processes do not mix.
             let line = format!("menps: process {}: {}\n", self.rank(), self.space.stats());
