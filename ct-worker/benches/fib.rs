@@ -46,17 +46,23 @@ fn fib_spawn_in<C: Config>(n: u64) -> u64 {
     h.join() + b
 }
 
-fn bench_spawn(n: u64, workers: usize, runs: usize) -> Stats {
+/// Runs `fib(n)` on a runtime of the default configuration; returns the
+/// summary.
+fn bench_default(n: u64, workers: usize, runs: usize, fib: fn(u64) -> u64) -> Stats {
     let rt = ct_worker::Runtime::builder()
         .workers(workers)
         .build()
         .expect("runtime");
     repeat(runs, || {
         time_secs(|| {
-            let r = rt.block_on(|| fib_spawn(black_box(n)));
+            let r = rt.block_on(|| fib(black_box(n)));
             check(r, n);
         })
     })
+}
+
+fn bench_spawn(n: u64, workers: usize, runs: usize) -> Stats {
+    bench_default(n, workers, runs, fib_spawn)
 }
 
 fn bench_spawn_hook(n: u64, workers: usize, runs: usize) -> Stats {
@@ -91,16 +97,7 @@ fn fib_free(n: u64) -> u64 {
 }
 
 fn bench_free(n: u64, workers: usize, runs: usize) -> Stats {
-    let rt = ct_worker::Runtime::builder()
-        .workers(workers)
-        .build()
-        .expect("runtime");
-    repeat(runs, || {
-        time_secs(|| {
-            let r = rt.block_on(|| fib_free(black_box(n)));
-            check(r, n);
-        })
-    })
+    bench_default(n, workers, runs, fib_free)
 }
 
 /// Runs fib(n) on a runtime of configuration `C`; returns the summary.
