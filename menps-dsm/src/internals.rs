@@ -10,3 +10,18 @@ pub use crate::dsm::layout::DSM_BASE;
 pub use crate::dsm::fault::{
     disable_on_this_thread, enable_on_this_thread, fault_count, is_enabled_on_this_thread,
 };
+
+/// A [`Dsm::flush`](crate::dsm::Dsm::flush) whose publication of this
+/// process's release signature lasts as long as `f` runs (the slot is marked
+/// as being rewritten meanwhile): tests use it to check that a peer's flush
+/// in that window waits for the signature instead of passing it over.
+pub fn flush_publishing_during<C, U>(
+    dsm: &crate::dsm::Dsm<C, U>,
+    f: impl FnOnce(),
+) -> crate::dsm::DsmResult<()>
+where
+    C: crate::com::Communicator + 'static,
+    U: ct_worker::UltItf,
+{
+    dsm.flush_publishing_during(f)
+}

@@ -102,6 +102,11 @@ fn single_writer_through_mutex_never_stale_all_policies() {
 }
 
 #[test]
+fn flush_waits_for_a_publication_in_progress_all_policies() {
+    run_everywhere("flush_while_publishing", &[2, 3]);
+}
+
+#[test]
 fn flush_wavefront_all_policies() {
     run_everywhere("flush_wavefront", &[2, 3, 4]);
 }

@@ -328,6 +328,11 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         }
     }
 
+    /// See [`crate::internals::flush_publishing_during`].
+    pub(crate) fn flush_publishing_during(&self, f: impl FnOnce()) -> DsmResult<()> {
+        self.space.flush_publishing_during(f)
+    }
+
     /// Allocates a DSM mutex (not collective; share its id).
     pub fn new_mutex(&self) -> DsmResult<DsmMutex> {
         self.space.mutex_alloc().map(DsmMutex)

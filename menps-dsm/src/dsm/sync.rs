@@ -251,26 +251,58 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             news = true;
         }
         for q in (0..self.nprocs).filter(|&q| q != self.rank) {
-            let seq = self.com.atomic_load(s.flush_win.at(q, 0))?;
-            if seq == fl.seen[q] {
-                continue;
+            // Every signature `q` completed before we look is acquired now: a
+            // thread that saw a flag `q` set after its flush must find the
+            // data `q` released before setting it. So a slot being rewritten
+            // (odd) or rewritten while we read it is read again, not left to
+            // a later flush (which let an LU-style pipeline read a stale
+            // row, one run in 40 at 4 processes: the flag's own flush was
+            // publishing while the reader looked). The writer's window is a
+            // few word writes; a peer that dies in it fails the load.
+            let mut backoff = ct_sync::Backoff::new();
+            loop {
+                let seq = self.com.atomic_load(s.flush_win.at(q, 0))?;
+                if seq == fl.seen[q] {
+                    break;
+                }
+                news = true;
+                if seq % 2 == 0 {
+                    let sig = self.read_signature(s.flush_win, q, 8);
+                    // Checked before `sig` is used: a torn read may not parse.
+                    if self.com.atomic_load(s.flush_win.at(q, 0))? == seq {
+                        let mut sig = sig?;
+                        self.acquire_inner(&mut sig)?;
+                        self.rel_sig.lock().merge(&sig);
+                        fl.seen[q] = seq;
+                        break;
+                    }
+                }
+                backoff.snooze(U::yield_now);
             }
-            // Being written, or written since: look again at the next
-            // flush (the caller does not back off).
-            news = true;
-            if seq % 2 == 1 {
-                continue;
-            }
-            let sig = self.read_signature(s.flush_win, q, 8);
-            if self.com.atomic_load(s.flush_win.at(q, 0))? != seq {
-                continue; // torn: rewritten while we read it
-            }
-            let mut sig = sig?;
-            self.acquire_inner(&mut sig)?;
-            self.rel_sig.lock().merge(&sig);
-            fl.seen[q] = seq;
         }
         Ok(news)
+    }
+
+    /// A flush whose publication lasts as long as `f` runs: our flush slot
+    /// is marked as being rewritten (odd) before `f` and completed after
+    /// it (tests: a peer's flush meanwhile must wait for it, not skip it).
+    pub(crate) fn flush_publishing_during(&self, f: impl FnOnce()) -> DsmResult<()> {
+        let _rt = self.enter()?;
+        let s = self.sync();
+        let mut fl = s.flush.lock();
+        self.release_fence()?;
+        let seq = s.flush_win.at(self.rank, 0);
+        self.com.compare_and_swap(seq, fl.seq, fl.seq + 1)?;
+        self.com.flush(self.rank)?;
+        f();
+        let bytes = self.rel_sig.lock().to_bytes();
+        self.com.write(s.flush_win.at(self.rank, 8), &bytes)?;
+        self.com.flush(self.rank)?;
+        self.com.compare_and_swap(seq, fl.seq + 1, fl.seq + 2)?;
+        self.com.flush(self.rank)?;
+        fl.seq += 2;
+        fl.published = bytes;
+        Ok(())
     }
 
     // -----------------------------------------------------------------

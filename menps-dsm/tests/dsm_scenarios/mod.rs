@@ -58,6 +58,7 @@ pub fn job_entry() {
         "races_reported" => races_reported(&dsm),
         "single_writer_mutex" => single_writer_mutex(&dsm),
         "flush_wavefront" => flush_wavefront(&dsm),
+        "flush_while_publishing" => flush_while_publishing(&dsm),
         "pinned_stack" => pinned_stack(&dsm),
         "segv_outside" => segv_outside(&dsm),
         "segv_null" => segv_null(&dsm),
@@ -544,6 +545,67 @@ fn rewritten_runs(dsm: &D) {
 /// leaves a stale flag (the wait times out) or stale data (the check
 /// fails). At the end, flushes with nothing new to acquire report so (the
 /// signal to back off).
+/// A flag seen while its writer's flush is still publishing (process 0's
+/// flush slot is marked as being rewritten for 300 ms after it set the
+/// flag): process 1's flush must still acquire what process 0 published
+/// before setting the flag — it waits for the publication in progress
+/// instead of passing it over, and the data is not stale.
+fn flush_while_publishing(dsm: &D) {
+    use menps_dsm::com::{P2p, Source};
+    const TAG: u32 = 7;
+    let me = dsm.rank();
+    // Block 0: the data; block 1: the flag.
+    let seg = dsm.alloc_segment(2 * 4096, 4096).unwrap() as *mut u64;
+    // SAFETY: inside the segment.
+    let (data, flag) = (seg, unsafe { seg.add(512) });
+    if me == 0 {
+        // The flag's block then comes from process 0 at its next access
+        // everywhere.
+        // SAFETY: DSM memory only process 0 writes.
+        unsafe { flag.write(7) };
+    } else if me == 1 {
+        // Process 1 holds a valid copy of the data's block.
+        // SAFETY: DSM memory nobody writes before the barrier.
+        assert_eq!(unsafe { data.read() }, 0);
+    }
+    dsm.barrier().unwrap();
+    if me == 0 {
+        // SAFETY: written by process 0 only, read by process 1 after the
+        // flush that publishes it.
+        unsafe { data.write(42) };
+        dsm.flush().unwrap();
+        // SAFETY: as above.
+        unsafe { flag.write_volatile(1) };
+        menps_dsm::internals::flush_publishing_during(dsm, || {
+            dsm.com().send(1, TAG, &[]).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        })
+        .unwrap();
+    } else if me == 1 {
+        dsm.com().recv(Source::Rank(0), TAG).unwrap();
+        // SAFETY: the flag word, written by process 0 only.
+        let mut seen = unsafe { flag.read_volatile() };
+        if dsm.config().writer == WriterPolicy::Floating {
+            // Fetched from process 0's copy, before its flush completed.
+            assert_eq!(seen, 1, "the flag's block was not fetched from process 0");
+        }
+        // Under a fixed home the flag may only arrive with that flush.
+        while seen != 1 {
+            dsm.flush().unwrap();
+            // SAFETY: as above.
+            seen = unsafe { flag.read_volatile() };
+        }
+        dsm.flush().unwrap();
+        // SAFETY: written by process 0 before its flag.
+        let v = unsafe { data.read() };
+        assert_eq!(
+            v, 42,
+            "data published before the flag is stale after a flush"
+        );
+    }
+    dsm.barrier().unwrap();
+}
+
 fn flush_wavefront(dsm: &D) {
     const ROUNDS: u64 = 60;
     const DATA_WORDS: usize = 3 * 512;

@@ -505,21 +505,33 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             if !qlock::owned_here(&self.com, &site)? {
                 return Ok(false);
             }
-            bump(&self.stats.idle_releases);
-            m.idle_releases += 1;
-            if m.idle_releases >= IDLE_RELEASES_MAX && m.state == BlockState::Writable {
-                // Nothing to announce and the latest version is ours:
-                // protecting needs no transaction. The next write faults
-                // and lists the block again (the twin is the base of the
-                // changes since the last transaction, so its copy then
-                // starts a clean diff). Pinned blocks are never protected.
-                layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
+            if m.idle_releases + 1 < IDLE_RELEASES_MAX || m.state != BlockState::Writable {
+                bump(&self.stats.idle_releases);
+                m.idle_releases += 1;
+                return Ok(true);
+            }
+            // Nothing to announce and the latest version is ours: protecting
+            // needs no transaction. Protect first, then look again: a word
+            // another thread of this process wrote after the comparison above
+            // would otherwise be left in a protected, clean copy that no
+            // release ever announces, and a reader would keep its old copy
+            // (a thread flushing in a wait loop counts idle releases fast,
+            // while its neighbour may be writing the block). Pinned blocks
+            // are never protected.
+            layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
+            if data[skip..] == base[skip..] {
+                // The next write faults and lists the block again (the twin
+                // is the base of the changes since the last transaction, so
+                // its copy then starts a clean diff).
+                bump(&self.stats.idle_releases);
                 m.state = BlockState::ReadonlyClean;
                 m.in_write_set = false;
                 m.idle_releases = 0;
                 m.released = None;
+                return Ok(true);
             }
-            return Ok(true);
+            // Written meanwhile: writable again, and released as written.
+            layout::protect(seg.app(idx), bs, BlockState::Writable.prot())?;
         }
         if m.fast_rel_count >= m.fast_rel_threshold.max(1) {
             return Ok(false);
