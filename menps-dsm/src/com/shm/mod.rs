@@ -320,9 +320,15 @@ impl<U: UltItf> ShmCom<U> {
                 continue;
             }
             match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-                // Gone (and reaped by someone else than our launcher, which
-                // would have recorded it): it did not end well.
-                Err(_) => self.control.mark_ended(r, false),
+                // Gone: reaped by our launcher, which records how it ended a
+                // moment later (a process that exited well after its last
+                // barrier was taken for dead when we looked in between), or
+                // by someone else — then it did not end well.
+                Err(_) => {
+                    if !self.verdict_within(r, Duration::from_secs(1)) {
+                        self.control.mark_ended(r, false);
+                    }
+                }
                 Ok(stat) => {
                     let Some((_, rest)) = stat.rsplit_once(')') else {
                         continue;
@@ -335,6 +341,24 @@ impl<U: UltItf> ShmCom<U> {
                     }
                 }
             }
+        }
+    }
+
+    /// Waits up to `limit` for the launcher to record that rank `r` ended;
+    /// whether it did.
+    #[cold]
+    fn verdict_within(&self, r: usize, limit: Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let mut backoff = ct_sync::Backoff::parking(0);
+        loop {
+            if self.control.slot(r).state.load(Ordering::Acquire) != state::RUNNING {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            // Parks an OS thread, never a worker (the workspace's back-off).
+            backoff.snooze(U::yield_now);
         }
     }
 
