@@ -122,7 +122,7 @@ pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Grant
             }
         }
     };
-    let mut spins = 0u32;
+    let mut backoff = ct_sync::Backoff::new();
     loop {
         if p == me {
             return Err(DsmError::Misuse(format!(
@@ -156,18 +156,11 @@ pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Grant
         match site.decode(p, old) {
             Word::Link(q) => {
                 p = q;
-                spins = 0;
+                backoff.reset();
             }
             // The word changed between our two attempts: try the same
             // process again, backing off if it keeps changing.
-            Word::Owned | Word::Locked => {
-                spins += 1;
-                if spins > 16 {
-                    std::thread::yield_now();
-                } else {
-                    core::hint::spin_loop();
-                }
-            }
+            Word::Owned | Word::Locked => backoff.snooze(std::thread::yield_now),
         }
     }
 }
@@ -226,7 +219,9 @@ pub(crate) fn owned_here<C: Communicator>(com: &C, site: &LockSite) -> DsmResult
 /// taken by compare-and-swap with backoff.
 pub(crate) fn spin_lock<C: Communicator>(com: &C, word: RemotePtr) -> DsmResult<()> {
     let me = com.rank() as u64 + 1;
-    let mut spins = 0u32;
+    // The holder may be descheduled (an oversubscribed machine): an OS thread
+    // parks after a while; a worker keeps yielding.
+    let mut backoff = ct_sync::Backoff::parking(64);
     loop {
         let old = com.compare_and_swap(word, 0, me)?;
         if old == 0 {
@@ -237,14 +232,7 @@ pub(crate) fn spin_lock<C: Communicator>(com: &C, word: RemotePtr) -> DsmResult<
                 "fixed-home lock taken twice by the same process (internal error)".into(),
             ));
         }
-        spins += 1;
-        if spins < 8 {
-            core::hint::spin_loop();
-        } else if spins < 64 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
+        backoff.snooze(std::thread::yield_now);
     }
 }
 

@@ -122,23 +122,11 @@ impl<U: UltItf> Heap<U> {
     ) -> DsmResult<R> {
         let word = self.table_win.at(0, 0);
         let me = self.rank as u64 + 1;
-        let mut tries = 0u32;
-        loop {
-            if com.compare_and_swap(word, 0, me)? == 0 {
-                break;
-            }
-            tries += 1;
-            if tries < 64 {
-                for _ in 0..(1 << tries.min(6)) {
-                    core::hint::spin_loop();
-                }
-                U::yield_now();
-            } else {
-                // Long waits (the holder may be descheduled on an
-                // oversubscribed machine) back off further.
-                U::yield_now();
-                std::thread::sleep(std::time::Duration::from_micros(20));
-            }
+        // Long waits (the holder may be descheduled on an oversubscribed
+        // machine) park an OS thread; a worker keeps yielding.
+        let mut backoff = ct_sync::Backoff::parking(64);
+        while com.compare_and_swap(word, 0, me)? != 0 {
+            backoff.snooze(U::yield_now);
         }
         let r = f();
         let old = com.compare_and_swap(word, me, 0)?;

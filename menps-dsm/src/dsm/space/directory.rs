@@ -64,7 +64,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut t = *head;
         while !overflow && t < tail {
             let slot = Self::inval_slot(t);
-            let mut spins = 0u32;
+            let mut backoff = ct_sync::Backoff::new();
             loop {
                 let s = self.com.atomic_load(win.at(me, slot))?;
                 if s == t + 1 {
@@ -83,12 +83,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 }
                 // Reserved, not written yet: the poster is in the middle of
                 // its transaction.
-                spins += 1;
-                if spins > 16 {
-                    std::thread::yield_now();
-                } else {
-                    core::hint::spin_loop();
-                }
+                backoff.snooze(U::yield_now);
             }
             t += 1;
         }
