@@ -74,10 +74,11 @@ pub struct DsmConfig {
     pub invalidation: InvalidationPolicy,
     /// Fast release (floating home only).
     pub fast_release: bool,
-    /// Fast read (hybrid invalidation only). Off by default: with four
-    /// processes writing neighbouring rows of the same blocks in an
-    /// LU-style pipeline synchronised by flushes it returned stale data
-    /// (the cause is not found yet).
+    /// Fast read (hybrid invalidation only). Off by default: with it the
+    /// IS kernel of the workspace's benchmarks (per-thread histogram rows
+    /// read by every thread after a barrier, then a scatter and a dynamic
+    /// loop over buckets) fails its verification at 2 and 4 processes (the
+    /// cause is not found yet).
     pub fast_read: bool,
     /// Sequential prefetch: the most bytes of blocks a read miss that
     /// continues a run of misses in its segment fetches ahead of it (whole

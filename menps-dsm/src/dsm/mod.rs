@@ -24,8 +24,9 @@
 //!   logical interval `[wr_ts, rd_ts]`; releases add *write notices* to the
 //!   releaser's signature, a bounded list whose truncation raises a minimum
 //!   write timestamp. An acquirer drops the copies that a notice or the
-//!   minimum write timestamp makes stale, and re-reads an invalidated block
-//!   straight from the notice's writer (**fast read**). The `timestamp`
+//!   minimum write timestamp makes stale, and can re-read an invalidated
+//!   block straight from the notice's writer (**fast read**, off by default:
+//!   see [`DsmConfig::fast_read`]). The `timestamp`
 //!   (leases only) and `directory` (sharer sets with posted invalidations)
 //!   policies are there for comparison.
 //! - **Fast release**: a block that has not migrated since this process's
