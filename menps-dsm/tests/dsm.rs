@@ -22,7 +22,7 @@ fn job_entry() {
 // The driver side.
 
 /// The policy combinations every scenario runs under.
-const POLICIES: [(&str, &str, &str); 7] = DSM_POLICIES;
+const POLICIES: [(&str, &str, &str); 8] = DSM_POLICIES;
 
 fn job(
     scenario: &str,
@@ -113,7 +113,7 @@ fn flush_wavefront_all_policies() {
 
 #[test]
 fn user_level_threads_fault_park_and_migrate() {
-    for &pol in &POLICIES[..2] {
+    for &pol in &POLICIES[..3] {
         let run = job("ult_faults", 2, pol);
         assert!(run.status.success(), "{pol:?}: {}", run.dump());
         assert!(run.stdout.contains("rank 1: ok"), "{}", run.dump());

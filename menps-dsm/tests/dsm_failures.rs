@@ -250,7 +250,7 @@ fn busy(dsm: &D) {
 // The driver side.
 
 /// The policy combinations (as in `tests/dsm.rs`).
-const POLICIES: [(&str, &str, &str); 7] = DSM_POLICIES;
+const POLICIES: [(&str, &str, &str); 8] = DSM_POLICIES;
 
 fn command(scenario: &str, n: usize, pol: (&str, &str, &str)) -> Command {
     let mut cmd = clean_cmd(std::env::current_exe().unwrap());
@@ -259,10 +259,7 @@ fn command(scenario: &str, n: usize, pol: (&str, &str, &str)) -> Command {
         .env("MENPS_NPROCS", n.to_string())
         .env("MENPS_GRACE_MS", GRACE_MS)
         .env("MENPS_PREFIX_OUTPUT", "1")
-        .env("MENPS_DSM_WRITER", pol.0)
-        .env("MENPS_DSM_INVALIDATION", pol.1)
-        .env("MENPS_DSM_FAST_RELEASE", pol.2)
-        .env("MENPS_DSM_FAST_READ", pol.2);
+        .envs(dsm_policy_env(pol));
     cmd
 }
 
@@ -422,7 +419,7 @@ fn kill9_by_pid_during_dsm_work_is_detected_4_procs_all_policies() {
 
 #[test]
 fn kill9_by_pid_during_dsm_work_is_detected_3_procs() {
-    for (i, &pol) in [POLICIES[0], POLICIES[3], POLICIES[4]].iter().enumerate() {
+    for (i, &pol) in [POLICIES[0], POLICIES[4], POLICIES[5]].iter().enumerate() {
         kill_busy_rank(3, i % 3, pol);
     }
 }

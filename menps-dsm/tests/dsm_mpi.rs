@@ -59,7 +59,7 @@ fn job_entry() {
 // The driver side.
 
 /// The policy combinations, as in `dsm.rs`.
-const POLICIES: [(&str, &str, &str); 7] = DSM_POLICIES;
+const POLICIES: [(&str, &str, &str); 8] = DSM_POLICIES;
 
 /// Process counts of the multi-machine configuration.
 const PROCS: &[usize] = &[2, 4];

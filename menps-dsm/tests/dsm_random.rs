@@ -1182,13 +1182,14 @@ fn run_program(ctx: &mut Ctx<'_>, image: &mut Image) {
 
 /// The policy combinations (as in `tests/dsm.rs`): writer, invalidation,
 /// fast release and fast read.
-const POLICIES: [(&str, &str, &str); 7] = DSM_POLICIES;
+const POLICIES: [(&str, &str, &str); 8] = DSM_POLICIES;
 
 /// A policy: writer, invalidation, fast release, fast read.
 type Policy<'a> = (&'a str, &'a str, &'a str, &'a str);
 
 fn policy4(p: (&'static str, &'static str, &'static str)) -> Policy<'static> {
-    (p.0, p.1, p.2, p.2)
+    let (release, read) = common::fast_paths(p.2);
+    (p.0, p.1, release, read)
 }
 
 fn job(nprocs: usize, policy: Policy<'_>, env: &[(&str, String)]) -> JobRun {
@@ -1314,7 +1315,10 @@ fn replay_one_seed() {
         }
         None => POLICIES
             .iter()
-            .map(|p| vec![p.0.into(), p.1.into(), p.2.into(), p.2.into()])
+            .map(|&p| {
+                let q = policy4(p);
+                vec![q.0.into(), q.1.into(), q.2.into(), q.3.into()]
+            })
             .collect(),
     };
     for &n in &procs {
@@ -1354,7 +1358,7 @@ fn first_report(run: &JobRun) -> String {
 /// The checker catches a wrong byte: rank 2 of 3 corrupts one byte it owns.
 #[test]
 fn checker_detects_a_corrupted_byte() {
-    for &pol in &[POLICIES[0], POLICIES[6]] {
+    for &pol in &[POLICIES[0], POLICIES[7]] {
         let run = job(
             3,
             policy4(pol),

