@@ -238,16 +238,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut news = false;
         let bytes = self.rel_sig.lock().to_bytes();
         if bytes != fl.published {
-            let seq = s.flush_win.at(self.rank, 0);
-            // Odd while the signature is being written (a sequence lock).
-            self.com.compare_and_swap(seq, fl.seq, fl.seq + 1)?;
-            self.com.flush(self.rank)?;
-            self.com.write(s.flush_win.at(self.rank, 8), &bytes)?;
-            self.com.flush(self.rank)?;
-            self.com.compare_and_swap(seq, fl.seq + 1, fl.seq + 2)?;
-            self.com.flush(self.rank)?;
-            fl.seq += 2;
-            fl.published = bytes;
+            self.publish_flush_slot(&mut fl, bytes, || {})?;
             news = true;
         }
         for q in (0..self.nprocs).filter(|&q| q != self.rank) {
@@ -283,19 +274,20 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         Ok(news)
     }
 
-    /// A flush whose publication lasts as long as `f` runs: our flush slot
-    /// is marked as being rewritten (odd) before `f` and completed after
-    /// it (tests: a peer's flush meanwhile must wait for it, not skip it).
-    pub(crate) fn flush_publishing_during(&self, f: impl FnOnce()) -> DsmResult<()> {
-        let _rt = self.enter()?;
+    /// Writes `bytes` (our release signature) into our flush slot under its
+    /// sequence lock: the sequence number is odd while the slot is being
+    /// rewritten, and `while_open` runs then.
+    fn publish_flush_slot(
+        &self,
+        fl: &mut FlushState,
+        bytes: Vec<u8>,
+        while_open: impl FnOnce(),
+    ) -> DsmResult<()> {
         let s = self.sync();
-        let mut fl = s.flush.lock();
-        self.release_fence()?;
         let seq = s.flush_win.at(self.rank, 0);
         self.com.compare_and_swap(seq, fl.seq, fl.seq + 1)?;
         self.com.flush(self.rank)?;
-        f();
-        let bytes = self.rel_sig.lock().to_bytes();
+        while_open();
         self.com.write(s.flush_win.at(self.rank, 8), &bytes)?;
         self.com.flush(self.rank)?;
         self.com.compare_and_swap(seq, fl.seq + 1, fl.seq + 2)?;
@@ -303,6 +295,17 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         fl.seq += 2;
         fl.published = bytes;
         Ok(())
+    }
+
+    /// A flush whose publication lasts as long as `f` runs: our flush slot
+    /// is marked as being rewritten (odd) before `f` and completed after
+    /// it (tests: a peer's flush meanwhile must wait for it, not skip it).
+    pub(crate) fn flush_publishing_during(&self, f: impl FnOnce()) -> DsmResult<()> {
+        let _rt = self.enter()?;
+        let mut fl = self.sync().flush.lock();
+        self.release_fence()?;
+        let bytes = self.rel_sig.lock().to_bytes();
+        self.publish_flush_slot(&mut fl, bytes, f)
     }
 
     // -----------------------------------------------------------------

@@ -264,11 +264,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 // twin re-announced every block fast released before, so a
                 // reader whose miss had taken the lock lost its copy twice
                 // per OpenMP phase.
+                let changed = data != twin;
                 written = match m.released.as_deref() {
                     Some(published) => data != published,
-                    None => data != twin,
+                    None => changed,
                 };
-                if data != twin {
+                if changed {
                     twin.copy_from_slice(data);
                 }
             }
