@@ -668,10 +668,14 @@ fn flush_wavefront(dsm: &D) {
         last.push(dsm.flush().unwrap());
         dsm.barrier().unwrap();
     }
-    assert!(
-        !last.last().unwrap(),
-        "flushes with nothing new still report news: {last:?}"
-    );
+    // Under fast read a written block is announced again at every release
+    // until a transaction protects it (idle releases are off).
+    if !dsm.config().fast_read_active() {
+        assert!(
+            !last.last().unwrap(),
+            "flushes with nothing new still report news: {last:?}"
+        );
+    }
 }
 
 /// The same through a mutex: process 0 publishes version `v` (data in one
