@@ -27,6 +27,15 @@ use crate::worker::{Worker, current_info};
 /// Default usable stack size of a user-level thread: 128 KiB (with a guard
 /// page below it, for the default [`MmapStacks`](crate::MmapStacks)). Only
 /// touched pages cost memory.
+///
+/// This is MassiveThreads' default, and larger than Argobots' 16 KiB; it is
+/// smaller than the 2 MiB of a rayon worker because here *every* thread
+/// has a stack of its own (rayon's jobs run on their worker's stack), and
+/// each live stack is a mapping of its own, of which Linux allows about
+/// 65,000 per process by default. Code ported from rayon that recurses deeply
+/// or keeps large arrays on the stack needs `CT_STACK_SIZE` (e.g. `1M`) or
+/// [`Builder::stack_size`]; an overflow hits the guard page and the report
+/// names both.
 pub const DEFAULT_STACK_SIZE: usize = 128 * 1024;
 
 static NEXT_RUNTIME_ID: AtomicUsize = AtomicUsize::new(1);

@@ -16,7 +16,7 @@
 
 use menps_dsm::com::{AnyCom, Coll, Comm, Rma, Windows};
 
-fn main() -> Result<(), menps_dsm::Error> {
+fn main() -> Result<(), menps_dsm::com::Error> {
     // Warnings the libraries report (through `log`) go to stderr.
     ct_worker::log_to_stderr();
     // In the launcher this never returns: it runs the job and exits with its

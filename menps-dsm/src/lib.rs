@@ -64,6 +64,13 @@
 //!   as `menps-gomp`), the type-erased [`dsm::process`] and the allocator's
 //!   `c_alloc` family.
 //!
+//! There are two error types, one per layer: [`com::Error`] (what the
+//! network and the launcher report: a dead peer, a bad window access, a
+//! backend failure) and [`dsm::DsmError`] (what the DSM reports: a data
+//! race, bad arguments or configuration, exhausted DSM memory, misuse; it
+//! wraps a [`com::Error`] when the network failed underneath). The crate
+//! root re-exports neither, so a signature always says which one it means.
+//!
 //! The protocol's pieces — diffs and merges, the `SIGSEGV` hook, the
 //! address-range layout, write-notice signatures, per-block metadata — are
 //! private. [`internals`] re-exports the few of them the workspace's own
@@ -102,5 +109,3 @@ pub mod dsm;
 pub mod internals;
 pub mod launch;
 mod sys;
-
-pub use com::{Error, Result};

@@ -11,7 +11,7 @@ pub enum Error {
     Config(String),
     /// The job could not be started or joined.
     #[error("menps-omp: cannot start the job: {0}")]
-    Launch(#[from] menps_dsm::Error),
+    Launch(#[from] menps_dsm::com::Error),
     /// The DSM failed (a dead peer, a detected data race, a protocol error).
     #[error("menps-omp: {0}")]
     Dsm(#[from] DsmError),

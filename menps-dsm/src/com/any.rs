@@ -12,7 +12,7 @@
 //! let com: AnyCom<ct_worker::OsThreads> = menps_dsm::launch::init_or_relaunch(4)?;
 //! println!("rank {} of {} on {}", com.rank(), com.size(), com.backend_name());
 //! com.barrier()?;
-//! # Ok::<(), menps_dsm::Error>(())
+//! # Ok::<(), menps_dsm::com::Error>(())
 //! ```
 //!
 //! Every call is one `match` on the variant, then the backend's own

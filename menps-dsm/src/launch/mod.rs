@@ -29,7 +29,7 @@
 //! // Runs on shm from `cargo run`, on MPI under `mpirun` (feature `mpi`):
 //! let com: AnyCom<OsThreads> = menps_dsm::launch::init_or_relaunch(4)?;
 //! # assert!(menps_dsm::com::Comm::rank(&com) < menps_dsm::com::Comm::size(&com));
-//! # Ok::<(), menps_dsm::Error>(())
+//! # Ok::<(), menps_dsm::com::Error>(())
 //! ```
 //!
 //! or `let com: ShmCom<OsThreads> = …` for the shm backend only (which is an
@@ -502,7 +502,7 @@ impl Builder {
 /// let com: menps_dsm::com::AnyCom<ct_worker::OsThreads> =
 ///     menps_dsm::launch::init_or_relaunch(4)?;
 /// assert!(menps_dsm::launch::in_job());
-/// # Ok::<(), menps_dsm::Error>(())
+/// # Ok::<(), menps_dsm::com::Error>(())
 /// ```
 pub fn init_or_relaunch<C: JoinJob>(nprocs: usize) -> Result<C> {
     Builder::new().default_nprocs(nprocs).init_or_relaunch()

@@ -25,7 +25,7 @@
 //! let w = com.create_window(1 << 20)?;
 //! com.fetch_add(w.at(0, 0), 1)?;
 //! # }
-//! # Ok::<(), menps_dsm::Error>(())
+//! # Ok::<(), menps_dsm::com::Error>(())
 //! ```
 //!
 //! - **Connection set-up** (collective): every process opens the device
