@@ -72,6 +72,11 @@ fn false_sharing_all_policies() {
 }
 
 #[test]
+fn shared_block_released_once_per_fence_all_policies() {
+    run_everywhere("shared_block_rounds", &[2, 3]);
+}
+
+#[test]
 fn mutex_increments_all_policies() {
     run_everywhere("mutex_increments", &[2, 4]);
 }

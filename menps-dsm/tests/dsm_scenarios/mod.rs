@@ -47,6 +47,7 @@ pub fn job_entry() {
     match name.as_str() {
         "producer_consumer" => producer_consumer(&dsm),
         "false_sharing" => false_sharing(&dsm),
+        "shared_block_rounds" => shared_block_rounds(&dsm),
         "mutex_increments" => mutex_increments(&dsm),
         "atomic_increments" => atomic_increments(&dsm),
         "single_writer" => single_writer(&dsm),
@@ -282,6 +283,67 @@ fn single_writer(dsm: &D) {
 /// invalidation, fast release) a block nobody wrote since the last barrier
 /// must not be announced again, so a reader's copy survives the round's
 /// later barriers: one read miss per foreign block and round, not five.
+/// Every round each process writes its own word of one block and adds to a
+/// counter in the same block with a relaxed DSM atomic (a transaction: it leaves
+/// the block clean, so the next plain write lists it for release again),
+/// then a barrier — the pattern of a C reduction compiled to a `lock add`
+/// into `main`'s frame. Release work must stay proportional to the rounds:
+/// a block listed again while its old entry was still in the write set was
+/// released once per entry, and the entries accumulated (1,800 releases
+/// per parallel region after 2,000 regions of such a C program).
+fn shared_block_rounds(dsm: &D) {
+    const ROUNDS: usize = 200;
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let p = dsm.alloc_segment(4096, 4096).unwrap() as *mut u64;
+    let before = dsm.stats();
+    for round in 1..=ROUNDS {
+        // SAFETY: word `me + 1` of the block is written by this process only.
+        unsafe { p.add(8 * (me + 1)).write((round * n + me) as u64) };
+        // Word 0 is the counter: relaxed DSM atomics only (a C reduction's
+        // `lock cmpxchg` loop), read after a barrier.
+        let mut cur = 0;
+        while let Err(actual) = dsm.compare_exchange_relaxed(p, cur, cur + 1).unwrap() {
+            cur = actual;
+        }
+        // SAFETY: as above; written again after the atomic.
+        unsafe { p.add(8 * (me + 1) + 1).write(round as u64) };
+        dsm.barrier().unwrap();
+        // SAFETY: written before the barrier, not before the next one.
+        let count = unsafe { p.read() };
+        assert_eq!(
+            count,
+            (round * n) as u64,
+            "process {me}, round {round}: the counter"
+        );
+        for q in 0..n {
+            // SAFETY: as above.
+            let (v, r) = unsafe { (p.add(8 * (q + 1)).read(), p.add(8 * (q + 1) + 1).read()) };
+            assert_eq!(
+                v,
+                (round * n + q) as u64,
+                "process {me}, round {round}: word of {q}"
+            );
+            assert_eq!(
+                r, round as u64,
+                "process {me}, round {round}: second word of {q}"
+            );
+        }
+        dsm.barrier().unwrap();
+    }
+    let after = dsm.stats();
+    let work = (after.transactions - before.transactions)
+        + (after.fast_releases - before.fast_releases)
+        + (after.idle_releases - before.idle_releases);
+    // A miss and a release per round, at most a few more; a block listed
+    // once per round it was written in would be released ROUNDS² / 2 times.
+    let bound = 6 * ROUNDS + 20;
+    assert!(
+        work <= bound,
+        "process {me}: {work} transactions and releases in {ROUNDS} rounds (at most {bound} \
+         expected): the block was released more than once per fence; {after}"
+    );
+}
+
 fn phased_writers(dsm: &D) {
     const ROUNDS: u64 = 40;
     const PHASES: usize = 5;
