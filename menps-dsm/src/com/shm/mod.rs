@@ -38,7 +38,8 @@ use std::time::Duration;
 
 use ct_worker::{Ult, UltItf};
 
-use super::{Comm, Error, RemotePtr, Request, Result, Rma};
+use super::wait::{Watch, poll_for};
+use super::{Comm, Error, RemotePtr, Request, Result, Rma, check};
 use control::{Control, state};
 pub use window::MAX_WINDOWS;
 
@@ -69,19 +70,6 @@ impl<U: UltItf> core::fmt::Debug for ShmCom<U> {
             .field("size", &self.size)
             .finish_non_exhaustive()
     }
-}
-
-/// What a wait must also watch for, besides the job's first death.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Watch {
-    /// Fails if this process has left the job.
-    Rank(usize),
-    /// Fails if another process has left the job without passing the
-    /// barrier of this number (barrier numbers wrap): one that passed it
-    /// has sent every signal of it.
-    AllOthers(u32),
-    /// Fails if every other process has left the job.
-    AnyOther,
 }
 
 /// Polls with a short pause in between (about 5 µs in all on this kind of
@@ -169,48 +157,29 @@ impl<U: UltItf> ShmCom<U> {
         }
     }
 
-    #[inline]
-    fn check_rank(&self, rank: usize) -> Result<()> {
-        if rank < self.size {
-            Ok(())
-        } else {
-            Err(Error::BadRank {
-                rank,
-                size: self.size,
-            })
-        }
-    }
-
-    /// The error a wait must return now, if any.
+    /// The error a wait must return now, if any (every wait also watches
+    /// for the job's first death).
     fn failure(&self, watch: Watch) -> Option<Error> {
         if let Some(rank) = self.control.failed_rank() {
             return Some(Error::PeerDied { rank });
         }
-        let left = |r: usize| self.control.slot(r).state.load(Ordering::Acquire) != state::RUNNING;
-        let exited = match watch {
-            Watch::Rank(r) => left(r).then_some(Error::PeerExited { rank: r }),
-            // Name the process that left first (the others may have left
-            // because of it).
-            Watch::AllOthers(epoch) => (0..self.size)
-                .filter(|&r| {
-                    r != self.rank && left(r) && {
-                        let passed = self.control.slot(r).passed.load(Ordering::Acquire);
-                        (passed.wrapping_sub(epoch) as i32) < 0
-                    }
-                })
-                .min_by_key(|&r| self.control.slot(r).ended_seq.load(Ordering::Acquire))
-                .map(|rank| Error::PeerExited { rank }),
-            Watch::AnyOther => {
-                let others = (0..self.size).filter(|&r| r != self.rank);
-                if self.size > 1 && others.clone().all(left) {
-                    others
-                        .min_by_key(|&r| self.control.slot(r).ended_seq.load(Ordering::Acquire))
-                        .map(|rank| Error::PeerExited { rank })
-                } else {
-                    None
-                }
-            }
+        // A process that passed the barrier a wait is in has sent every
+        // signal of it: only one that left before counts.
+        let before = match watch {
+            Watch::AllOthers(barrier) => barrier,
+            Watch::Rank(_) | Watch::AnyOther => None,
         };
+        let exited = watch
+            .departed(self.rank, self.size, |r| {
+                let slot = self.control.slot(r);
+                let left = slot.state.load(Ordering::Acquire) != state::RUNNING
+                    && before.is_none_or(|epoch| {
+                        let passed = slot.passed.load(Ordering::Acquire);
+                        (passed.wrapping_sub(epoch) as i32) < 0
+                    });
+                left.then(|| u64::from(slot.ended_seq.load(Ordering::Acquire)))
+            })
+            .map(|rank| Error::PeerExited { rank });
         // The launcher records a death (the `failed` word) before the
         // process's state: having seen the state, re-read the word, which
         // the first read above may have missed.
@@ -224,18 +193,10 @@ impl<U: UltItf> ShmCom<U> {
     /// the launcher records how (death or exit) moments later; wait up to a
     /// second for that verdict.
     pub(crate) fn departure_of(&self, rank: usize) -> Error {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        let mut backoff = ct_sync::Backoff::parking(0);
-        loop {
-            if let Some(e) = self.failure(Watch::Rank(rank)) {
-                return e;
-            }
-            if std::time::Instant::now() >= deadline {
-                return Error::PeerExited { rank };
-            }
-            // Parks an OS thread, never a worker (the workspace's back-off).
-            backoff.snooze(U::yield_now);
-        }
+        poll_for::<U, _>(Duration::from_secs(1), 0, || {
+            self.failure(Watch::Rank(rank))
+        })
+        .unwrap_or(Error::PeerExited { rank })
     }
 
     /// Polls until `poll` gives a value, an error, or `watch` (or a death in
@@ -348,18 +309,11 @@ impl<U: UltItf> ShmCom<U> {
     /// whether it did.
     #[cold]
     fn verdict_within(&self, r: usize, limit: Duration) -> bool {
-        let deadline = std::time::Instant::now() + limit;
-        let mut backoff = ct_sync::Backoff::parking(0);
-        loop {
-            if self.control.slot(r).state.load(Ordering::Acquire) != state::RUNNING {
-                return true;
-            }
-            if std::time::Instant::now() >= deadline {
-                return false;
-            }
-            // Parks an OS thread, never a worker (the workspace's back-off).
-            backoff.snooze(U::yield_now);
-        }
+        let slot = self.control.slot(r);
+        poll_for::<U, _>(limit, 0, || {
+            (slot.state.load(Ordering::Acquire) != state::RUNNING).then_some(())
+        })
+        .is_some()
     }
 
     /// The watchdog's report: this process has waited `period` for `what`
@@ -418,12 +372,7 @@ impl<U: UltItf> ShmCom<U> {
     #[inline]
     fn atomic_at(&self, p: RemotePtr) -> Result<&AtomicU64> {
         self.check_alive()?;
-        if !p.offset().is_multiple_of(8) {
-            return Err(Error::UnalignedAtomic {
-                window: p.window().0,
-                offset: p.offset(),
-            });
-        }
+        check::aligned_word(p)?;
         let a = self.windows.resolve(p, 8, self.size)?;
         // SAFETY: `resolve` checked that the 8 bytes lie inside a live
         // window mapping; window bases are page-aligned and the offset is a
@@ -498,13 +447,8 @@ impl<U: UltItf> Rma for ShmCom<U> {
         Ok(Request::ready(Ok(0)))
     }
 
-    fn compare_and_swap_nb(
-        &self,
-        target: RemotePtr,
-        expected: u64,
-        new: u64,
-    ) -> Result<Request<U>> {
-        self.compare_and_swap(target, expected, new)
+    fn compare_and_swap_nb(&self, at: RemotePtr, expected: u64, new: u64) -> Result<Request<U>> {
+        self.compare_and_swap(at, expected, new)
             .map(|v| Request::ready(Ok(v)))
     }
 
@@ -513,7 +457,7 @@ impl<U: UltItf> Rma for ShmCom<U> {
     }
 
     fn flush(&self, rank: usize) -> Result<()> {
-        self.check_rank(rank)?;
+        check::rank(rank, self.size)?;
         fence(Ordering::SeqCst);
         self.check_alive()
     }
