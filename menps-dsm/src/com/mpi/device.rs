@@ -21,7 +21,7 @@ use ct_delegate::{Device, Tag};
 
 use super::raw::{self, Handle};
 use crate::com::offload::Completions;
-pub(crate) use crate::com::outcome::Outcome;
+use crate::com::outcome::Outcome;
 use crate::com::{Error, Result};
 
 /// What an RMA command does.
