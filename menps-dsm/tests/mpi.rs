@@ -10,14 +10,16 @@
 //! group, kills it and fails after a time limit (a hang is a failure),
 //! checks its output and that no process of it is left.
 //!
-//! The scenarios are the shm suite's: put/get of every size class with
-//! every misuse error, 4 × 10^4 `fetch_add` with the exact total and every
-//! old value once, a CAS spinlock around a plain counter, p2p tag matching
-//! and ordering, collectives with checked results and mismatch detection,
-//! identical addresses, user-level threads — the RMA scenarios on the direct
-//! path and on the offloaded path (with user-level and with OS threads). MPI-specific: a killed rank aborts the job (nobody
-//! hangs), a rank that finishes early gives `PeerExited`, and a crashing
-//! `OMPI_MCA_osc` setting is refused with a message naming the fix.
+//! The shared tests are the shm suite's (one list, `common/suite.rs`):
+//! put/get of every size class with every misuse error, 4 × 10^4
+//! `fetch_add` with the exact total and every old value once, a CAS
+//! spinlock around a plain counter, p2p tag matching and ordering,
+//! collectives with checked results and mismatch detection, identical
+//! addresses, user-level threads — the RMA scenarios on the direct path and
+//! on the offloaded path (with user-level and with OS threads).
+//! MPI-specific: a killed rank aborts the job (nobody hangs), a rank that
+//! finishes early gives `PeerExited`, and a crashing `OMPI_MCA_osc` setting
+//! is refused with a message naming the fix.
 
 #![cfg(feature = "mpi")]
 
@@ -27,6 +29,7 @@ use ct_worker::{OsThreads, Ult, UltItf};
 use menps_dsm::com::{AnyCom, Coll, Comm, Communicator, Error, P2p, ShmCom, Source};
 
 mod common;
+use common::suite::{assert_ranks_said, kill9_wait};
 use common::*;
 
 // ---------------------------------------------------------------------------
@@ -92,33 +95,11 @@ fn join<U: UltItf>() -> AnyCom<U> {
 /// from rank 2 and rank 3 spins on a CAS lock rank 2 holds: `mpirun` must
 /// abort the job (MPI reports no per-peer failures), and nobody may hang.
 fn scenario_kill9<C: Communicator>(com: &C) {
-    let me = com.rank();
-    assert_eq!(com.size(), 4);
-    let win = com.create_window(64).unwrap();
-    let lock = win.at(0, 0);
-    if me == 2 {
-        assert_eq!(com.compare_and_swap(lock, 0, 3).unwrap(), 0);
-    }
-    com.barrier().unwrap();
-    println!("rank {me}: waiting");
-    if me == 2 {
-        std::thread::sleep(Duration::from_millis(300));
-        // SAFETY: sending a signal to ourselves.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        unreachable!();
-    }
-    let r = match me {
-        0 => com.barrier(),
-        1 => com.recv(Source::Rank(2), 5).map(drop),
-        _ => loop {
-            match com.compare_and_swap(lock, 0, me as u64 + 1) {
-                Ok(0) => panic!("got a lock held by a dead process"),
-                Ok(_) => std::thread::sleep(Duration::from_millis(1)),
-                Err(e) => break Err(e),
-            }
-        },
-    };
-    panic!("rank {me}: a wait for the killed rank returned {r:?}");
+    let (_, r, _) = kill9_wait(com, || std::thread::sleep(Duration::from_millis(1)));
+    panic!(
+        "rank {}: a wait for the killed rank returned {r:?}",
+        com.rank()
+    );
 }
 
 /// The last rank finishes normally (drops its communicator, finalising
@@ -145,33 +126,6 @@ fn scenario_finish_early(com: AnyCom<OsThreads>) {
 // ---------------------------------------------------------------------------
 // The driver side.
 
-fn mpirun() -> String {
-    std::env::var("MENPS_TEST_MPIRUN").unwrap_or_else(|_| "mpirun".into())
-}
-
-/// Runs `scenario` with `mpirun -n n`, with `env` set in every process.
-fn mpi_job(scenario: &str, n: usize, env: &[(&str, &str)]) -> JobRun {
-    let tag = new_tag(scenario);
-    let mut cmd = clean_cmd(mpirun());
-    cmd.args(["-n", &n.to_string(), "--oversubscribe"]);
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        cmd.arg("--allow-run-as-root");
-    }
-    // Our variables reach every process (mpirun forwards those named).
-    let mut vars: Vec<(String, String)> = vec![
-        (SCENARIO.into(), scenario.into()),
-        (JOB_TAG.into(), tag.clone()),
-    ];
-    vars.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-    for (k, v) in &vars {
-        cmd.env(k, v).args(["-x", k]);
-    }
-    cmd.arg(std::env::current_exe().unwrap());
-    entry_args(&mut cmd);
-    drive(cmd, &tag, |_, _| true)
-}
-
 /// The RMA paths: direct MPI calls from the calling OS thread, and the
 /// offloading component with user-level or OS threads.
 const PATHS: [(&str, &[(&str, &str)]); 3] = [
@@ -183,18 +137,32 @@ const PATHS: [(&str, &[(&str, &str)]); 3] = [
     ("offloaded, OS threads", &[("MENPS_MPI_OFFLOAD", "1")]),
 ];
 
-/// Runs `scenario` on the first `paths` of [`PATHS`].
-fn on_paths(scenario: &str, n: usize, paths: usize, line: &str) {
-    for (path, env) in &PATHS[..paths] {
-        let run = mpi_job(scenario, n, env);
+/// How many of [`PATHS`] a shared scenario runs on with `n` processes:
+/// the RMA scenarios on every path (fewer on more processes, for time),
+/// user-level threads direct and offloaded, the others direct.
+fn paths_for(scenario: &str, n: usize) -> usize {
+    match (scenario, n) {
+        ("rma", 2) | ("fetch_add", _) => 3,
+        ("rma", 3) | ("cas_lock", _) | ("ult", _) => 2,
+        _ => 1,
+    }
+}
+
+/// Runs a shared scenario under `mpirun -n n` on its paths; every rank must
+/// print `line`.
+fn run_shared(scenario: &str, n: usize, line: &str) {
+    for (path, env) in &PATHS[..paths_for(scenario, n)] {
+        let run = mpirun_job(scenario, n, env);
         assert_ok(&run, n, line);
         eprintln!("{scenario} on {n} processes, {path}: {:?}", run.elapsed);
     }
 }
 
+backend_scenario_tests!(run_shared);
+
 #[test]
 fn mpi_hello_under_mpirun() {
-    let run = mpi_job("hello", 3, &[]);
+    let run = mpirun_job("hello", 3, &[]);
     assert!(run.status.success(), "{}", run.dump());
     for r in 0..3 {
         assert!(
@@ -246,70 +214,15 @@ fn menps_run_backend_mpi_starts_the_job_with_mpirun() {
     cmd.env(SCENARIO, "hello").env(JOB_TAG, &tag);
     let run = drive(cmd, &tag, |_, _| true);
     assert!(run.status.success(), "{}", run.dump());
-    for r in 0..3 {
-        // mpirun's --tag-output prefix, then the scenario's line.
-        let want = format!("[1,{r}]<stdout>:hello {r} of 3");
-        assert!(
-            run.stdout.contains(&want),
-            "missing {want:?}: {}",
-            run.dump()
-        );
-    }
-}
-
-#[test]
-fn mpi_rma_put_get_all_sizes_2_3_4_procs() {
-    on_paths("rma", 2, 3, "rma ok");
-    on_paths("rma", 3, 2, "rma ok");
-    on_paths("rma", 4, 1, "rma ok");
-}
-
-#[test]
-fn mpi_fetch_add_4_procs_exact_total() {
-    on_paths("fetch_add", 4, 3, "fetch_add ok, total 40000");
-}
-
-#[test]
-fn mpi_cas_spinlock_counter_3_and_4_procs() {
-    for n in [3, 4] {
-        let line = format!("cas_lock ok, total {}", n as u64 * LOCK_ITERS);
-        on_paths("cas_lock", n, 2, &line);
-    }
-}
-
-#[test]
-fn mpi_p2p_tags_and_ordering_2_3_4_procs() {
-    for n in [2, 3, 4] {
-        let run = mpi_job("p2p", n, &[]);
-        assert_ok(&run, n, "p2p ok");
-    }
-}
-
-#[test]
-fn mpi_collectives_2_3_4_procs() {
-    for n in [2, 3, 4] {
-        let run = mpi_job("coll", n, &[]);
-        assert_ok(&run, n, "coll ok");
-    }
-}
-
-#[test]
-fn mpi_identical_addresses_in_every_process() {
-    let run = mpi_job("addresses", 3, &[]);
-    assert_ok(&run, 3, "addresses identical");
-}
-
-#[test]
-fn mpi_user_level_threads_direct_and_offloaded() {
-    for offload in ["0", "1"] {
-        let run = mpi_job("ult", 3, &[("MENPS_MPI_OFFLOAD", offload)]);
-        assert_ok(&run, 3, "ult ok");
-    }
+    // mpirun's --tag-output prefix, then the scenario's line.
+    assert_ranks_said(&run, &run.stdout, 0..3, |r| {
+        format!("[1,{r}]<stdout>:hello {r} of 3")
+    });
 }
 
 #[test]
 fn mpi_killed_rank_aborts_the_job_without_hanging() {
-    let run = mpi_job("kill9", 4, &[]);
+    let run = mpirun_job("kill9", 4, &[]);
     assert!(!run.status.success(), "{}", run.dump());
     assert_eq!(
         run.stdout.matches("waiting").count(),
@@ -327,22 +240,17 @@ fn mpi_killed_rank_aborts_the_job_without_hanging() {
 
 #[test]
 fn mpi_finished_rank_gives_peer_exited() {
-    let run = mpi_job("finish_early", 3, &[]);
+    let run = mpirun_job("finish_early", 3, &[]);
     assert!(run.status.success(), "{}", run.dump());
-    for r in [0, 1] {
-        let want = format!("rank {r} detected PeerExited {{ rank: 2 }}");
-        assert!(
-            run.stdout.contains(&want),
-            "missing {want:?}: {}",
-            run.dump()
-        );
-    }
+    assert_ranks_said(&run, &run.stdout, [0, 1], |r| {
+        format!("rank {r} detected PeerExited {{ rank: 2 }}")
+    });
 }
 
 #[test]
 fn mpi_crashing_osc_setting_is_refused_with_the_fix() {
     for bad in ["rdma", "pt2pt"] {
-        let run = mpi_job("hello", 2, &[("OMPI_MCA_osc", bad)]);
+        let run = mpirun_job("hello", 2, &[("OMPI_MCA_osc", bad)]);
         assert!(!run.status.success(), "{}", run.dump());
         assert!(
             run.stderr
@@ -353,7 +261,7 @@ fn mpi_crashing_osc_setting_is_refused_with_the_fix() {
         );
     }
     // Without the re-exec, an unset (empty) OMPI_MCA_osc must be asked for.
-    let run = mpi_job(
+    let run = mpirun_job(
         "hello",
         2,
         &[("MENPS_MPI_REEXEC", "0"), ("OMPI_MCA_osc", "")],
@@ -368,7 +276,7 @@ fn mpi_crashing_osc_setting_is_refused_with_the_fix() {
 
 #[test]
 fn shm_communicator_under_mpirun_is_a_clear_error() {
-    let run = mpi_job("shm_only", 2, &[]);
+    let run = mpirun_job("shm_only", 2, &[]);
     assert_ok(&run, 2, "shm_only refused");
     assert!(
         run.stdout.contains("started by mpirun") && run.stdout.contains("AnyCom"),

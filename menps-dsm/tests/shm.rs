@@ -12,8 +12,8 @@
 //!   unique `MENPS_TEST_JOB` tag in its environment, looked up in `/proc`).
 //!
 //! Jobs run one at a time (a lock), so timing assertions hold on 2 cores.
-//! The scenarios shared with the other backends' suites and the driver are
-//! in `common/`.
+//! The scenarios shared with the other backends' suites, their list of
+//! tests (`common/suite.rs`) and the driver are in `common/`.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
@@ -23,6 +23,7 @@ use ct_worker::{OsThreads, Ult, UltItf};
 use menps_dsm::com::{Communicator, Error, ShmCom, Source};
 
 mod common;
+use common::suite::{assert_ranks_said, kill9_wait};
 use common::*;
 
 // ---------------------------------------------------------------------------
@@ -78,15 +79,20 @@ fn run_scenario<C: Communicator>(name: &str, com: &C) {
     }
 }
 
+/// The pid of this job's launcher (which sets `MENPS_LAUNCHER_PID`).
+fn launcher_pid() -> i32 {
+    std::env::var("MENPS_LAUNCHER_PID")
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// The last rank stops the launcher (`SIGSTOP`) and kills itself: the
 /// others, waiting in a barrier, must see `PeerDied` without the launcher's
 /// help; rank 0 then continues the launcher.
 fn scenario_launcher_stopped<C: Communicator>(com: &C) {
     let (me, n) = (com.rank(), com.size());
-    let launcher: i32 = std::env::var("MENPS_LAUNCHER_PID")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let launcher = launcher_pid();
     com.barrier().unwrap();
     if me == n - 1 {
         // SAFETY: kill(2) to the launcher, then to ourselves.
@@ -117,10 +123,7 @@ fn scenario_launcher_stopped<C: Communicator>(com: &C) {
 /// that never comes. The job's time limit must end every rank anyway.
 fn scenario_launcher_stopped_timeout<C: Communicator>(com: &C) {
     let (me, n) = (com.rank(), com.size());
-    let launcher: i32 = std::env::var("MENPS_LAUNCHER_PID")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let launcher = launcher_pid();
     com.barrier().unwrap();
     if me == n - 1 {
         // SAFETY: kill(2) to the launcher.
@@ -205,35 +208,9 @@ fn scenario_aslr<C: Communicator>(com: &C) {
 /// must get `PeerDied { rank: 2 }` within 10 s.
 fn scenario_kill9<C: Communicator>(com: &C) {
     let me = com.rank();
-    assert_eq!(com.size(), 4);
-    let win = com.create_window(64).unwrap();
-    let lock = win.at(0, 0);
-    if me == 2 {
-        assert_eq!(com.compare_and_swap(lock, 0, 3).unwrap(), 0);
-    }
-    com.barrier().unwrap();
-    if me == 2 {
-        std::thread::sleep(Duration::from_millis(300));
-        // SAFETY: sending a signal to ourselves.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-        unreachable!();
-    }
-    let start = Instant::now();
-    let (what, err) = match me {
-        0 => ("barrier", com.barrier().unwrap_err()),
-        1 => ("recv", com.recv(Source::Rank(2), 5).unwrap_err()),
-        _ => {
-            let e = loop {
-                match com.compare_and_swap(lock, 0, me as u64 + 1) {
-                    Ok(0) => panic!("got a lock held by a dead process"),
-                    Ok(_) => std::thread::yield_now(),
-                    Err(e) => break e,
-                }
-            };
-            ("cas spin", e)
-        }
-    };
-    let ms = start.elapsed().as_millis();
+    let (what, r, took) = kill9_wait(com, std::thread::yield_now);
+    let err = r.unwrap_err();
+    let ms = took.as_millis();
     assert_eq!(err, Error::PeerDied { rank: 2 }, "rank {me}");
     assert!(ms < 10_000, "detection took {ms} ms");
     println!("rank {me} detected {err:?} in {what} after {ms} ms: {err}");
@@ -373,14 +350,9 @@ fn the_time_limit_holds_while_the_launcher_is_stopped() {
         },
     );
     assert_eq!(run.code(), Some(124), "{}", run.dump());
-    for r in 0..2 {
-        let want = format!("menps: rank {r}: the job exceeded its time limit");
-        assert!(
-            run.stderr.contains(&want),
-            "missing {want:?}: {}",
-            run.dump()
-        );
-    }
+    assert_ranks_said(&run, &run.stderr, 0..2, |r| {
+        format!("menps: rank {r}: the job exceeded its time limit")
+    });
     assert!(
         !run.stderr.contains("a message that nobody sent"),
         "{}",
@@ -397,14 +369,9 @@ fn the_watchdog_names_a_stopped_peer() {
         |_, _| true,
     );
     assert_ok(&run, 3, "stopped peer ok");
-    for r in [0, 2] {
-        let want = format!("menps: rank {r} has waited 1 s for every other rank (a barrier");
-        assert!(
-            run.stderr.contains(&want),
-            "missing {want:?}: {}",
-            run.dump()
-        );
-    }
+    assert_ranks_said(&run, &run.stderr, [0, 2], |r| {
+        format!("menps: rank {r} has waited 1 s for every other rank (a barrier")
+    });
     assert!(
         run.stderr.contains("rank 1 (pid ") && run.stderr.contains(") is stopped"),
         "{}",
@@ -447,59 +414,13 @@ fn programs_a_rank_executes_get_aslr_back() {
     assert_ok(&run, 2, "aslr ok");
 }
 
-#[test]
-fn rma_put_get_all_sizes_2_3_4_procs() {
-    for n in [2, 3, 4] {
-        let run = job("rma", n);
-        assert_ok(&run, n, "rma ok");
-    }
+/// Runs a shared scenario as a job of `n` processes; every rank must print
+/// `line`.
+fn run_shared(scenario: &str, n: usize, line: &str) {
+    assert_ok(&job(scenario, n), n, line);
 }
 
-#[test]
-fn fetch_add_4_procs_exact_total() {
-    let run = job("fetch_add", 4);
-    assert_ok(&run, 4, "fetch_add ok, total 40000");
-}
-
-#[test]
-fn cas_spinlock_counter_3_and_4_procs() {
-    for n in [3, 4] {
-        let run = job("cas_lock", n);
-        assert_ok(
-            &run,
-            n,
-            &format!("cas_lock ok, total {}", n as u64 * LOCK_ITERS),
-        );
-    }
-}
-
-#[test]
-fn p2p_tags_and_ordering_2_3_4_procs() {
-    for n in [2, 3, 4] {
-        let run = job("p2p", n);
-        assert_ok(&run, n, "p2p ok");
-    }
-}
-
-#[test]
-fn collectives_2_3_4_procs() {
-    for n in [2, 3, 4] {
-        let run = job("coll", n);
-        assert_ok(&run, n, "coll ok");
-    }
-}
-
-#[test]
-fn identical_addresses_in_every_process() {
-    let run = job("addresses", 3);
-    assert_ok(&run, 3, "addresses identical");
-}
-
-#[test]
-fn user_level_threads_wait_without_blocking_others() {
-    let run = job("ult", 3);
-    assert_ok(&run, 3, "ult ok");
-}
+backend_scenario_tests!(run_shared);
 
 #[test]
 fn kill9_is_detected_by_every_other_process() {
@@ -510,14 +431,9 @@ fn kill9_is_detected_by_every_other_process() {
         "job must exit 137: {}",
         run.dump()
     );
-    for r in [0, 1, 3] {
-        let want = format!("rank {r} detected PeerDied {{ rank: 2 }}");
-        assert!(
-            run.stdout.contains(&want),
-            "missing {want:?}: {}",
-            run.dump()
-        );
-    }
+    assert_ranks_said(&run, &run.stdout, [0, 1, 3], |r| {
+        format!("rank {r} detected PeerDied {{ rank: 2 }}")
+    });
     assert!(
         run.stderr.contains(": rank 2 (pid") && run.stderr.contains("signal 9 (SIGKILL)"),
         "launcher message: {}",
@@ -530,14 +446,9 @@ fn kill9_is_detected_by_every_other_process() {
 fn panic_is_detected_and_fails_the_job() {
     let run = job("panic", 3);
     assert_eq!(run.code(), Some(101), "{}", run.dump());
-    for r in [0, 2] {
-        let want = format!("rank {r} detected PeerDied {{ rank: 1 }}");
-        assert!(
-            run.stdout.contains(&want),
-            "missing {want:?}: {}",
-            run.dump()
-        );
-    }
+    assert_ranks_said(&run, &run.stdout, [0, 2], |r| {
+        format!("rank {r} detected PeerDied {{ rank: 1 }}")
+    });
     // The program started its own job: the launcher names the process
     // that failed without a report (a panic) under the program's name.
     assert!(run.stderr.contains(": rank 1 (pid"), "{}", run.dump());
@@ -552,14 +463,9 @@ fn panic_is_detected_and_fails_the_job() {
 #[test]
 fn early_normal_exit_gives_peer_exited() {
     let run = job("exit_early", 3);
-    for r in [0, 1] {
-        let want = format!("rank {r} detected PeerExited {{ rank: 2 }}");
-        assert!(
-            run.stdout.contains(&want),
-            "missing {want:?}: {}",
-            run.dump()
-        );
-    }
+    assert_ranks_said(&run, &run.stdout, [0, 1], |r| {
+        format!("rank {r} detected PeerExited {{ rank: 2 }}")
+    });
 }
 
 #[test]

@@ -24,17 +24,23 @@
 //! call everywhere returns [`Error::PeerDied`] naming it.
 
 pub mod any;
+pub(crate) mod check;
 pub mod error;
 pub(crate) mod inbox;
+pub(crate) mod mailbox;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(any(feature = "mpi", feature = "verbs"))]
+pub(crate) mod offload;
 #[cfg(any(feature = "mpi", feature = "verbs"))]
 pub(crate) mod outcome;
 pub mod ptr;
 pub mod request;
 pub mod shm;
+pub(crate) mod slots;
 #[cfg(feature = "verbs")]
 pub mod verbs;
+pub(crate) mod wait;
 
 use std::sync::atomic::AtomicU64;
 

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod suite;
+
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, ExitStatus, Stdio};

@@ -15,9 +15,9 @@ use std::os::raw::{c_int, c_void};
 use ::mpi::ffi;
 use ct_worker::UltItf;
 
-use super::raw;
-use super::{MpiCom, Watch};
-use crate::com::{Coll, Error, Result};
+use super::{MpiCom, raw};
+use crate::com::wait::Watch;
+use crate::com::{Coll, Error, Result, check};
 
 pub(crate) const OP_BROADCAST: u64 = 1;
 pub(crate) const OP_ALLGATHER: u64 = 2;
@@ -55,7 +55,7 @@ impl<U: UltItf> MpiCom<U> {
     fn finish(&self, mut req: ffi::MPI_Request, buf: Vec<u8>) -> Result<Vec<u8>> {
         // SAFETY: `req` is active and its buffer (`buf`, owned here) stays
         // valid: on success we return it, on failure we leak it.
-        match unsafe { self.wait_request(&mut req, Watch::AllOthers) } {
+        match unsafe { self.wait_request(&mut req, Watch::AllOthers(None)) } {
             Ok(()) => Ok(buf),
             Err(e) => {
                 std::mem::forget(buf);
@@ -158,7 +158,7 @@ impl<U: UltItf> Coll for MpiCom<U> {
     }
 
     fn broadcast(&self, root: usize, buf: &mut [u8]) -> Result<()> {
-        self.check_rank(root)?;
+        check::rank(root, self.size)?;
         let mut st = self.coll.lock();
         let total = buf.len();
         self.agree(&mut st, [OP_BROADCAST, total as u64, root as u64])?;
@@ -193,14 +193,8 @@ impl<U: UltItf> Coll for MpiCom<U> {
     }
 
     fn allgather_into(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
-        let n = self.size;
         let total = src.len();
-        if total.checked_mul(n) != Some(dst.len()) {
-            return Err(Error::InvalidArgument(format!(
-                "allgather destination has {} bytes; it must be size ({n}) × {total}",
-                dst.len()
-            )));
-        }
+        check::allgather_len(self.size, total, dst.len())?;
         let mut st = self.coll.lock();
         self.agree(&mut st, [OP_ALLGATHER, total as u64, 0])?;
         if total == 0 {

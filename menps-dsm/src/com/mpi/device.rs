@@ -13,7 +13,6 @@
 //! The device is only used under the offloader's lock (its `post` and `poll`
 //! never run at the same time), so it needs no synchronisation of its own.
 
-use std::collections::VecDeque;
 use std::os::raw::c_int;
 use std::sync::Arc;
 
@@ -21,7 +20,8 @@ use ::mpi::ffi;
 use ct_delegate::{Device, Tag};
 
 use super::raw::{self, Handle};
-pub(crate) use crate::com::outcome::Outcome;
+use crate::com::offload::Completions;
+use crate::com::outcome::Outcome;
 use crate::com::{Error, Result};
 
 /// What an RMA command does.
@@ -89,11 +89,8 @@ pub(crate) struct RmaDevice {
     get_ops: Vec<InFlight>,
     /// Writes and atomics waiting for a flush: (window, rank, command).
     unflushed: Vec<(Handle<ffi::MPI_Win>, c_int, InFlight)>,
-    /// Flush barriers: (tag, sequence number).
-    barriers: VecDeque<(Tag, u64)>,
-    /// Tags to report, in order.
-    ready: VecDeque<Tag>,
-    next_seq: u64,
+    /// Finished commands and flush barriers, to report in order.
+    completions: Completions,
     indices: Vec<c_int>,
 }
 
@@ -108,15 +105,18 @@ impl RmaDevice {
             gets: Vec::new(),
             get_ops: Vec::new(),
             unflushed: Vec::new(),
-            barriers: VecDeque::new(),
-            ready: VecDeque::new(),
-            next_seq: 0,
+            completions: Completions::default(),
             indices: Vec::new(),
         }
     }
 
     fn in_flight(&self) -> usize {
         self.gets.len() + self.unflushed.len()
+    }
+
+    /// Nothing in flight and no flush barrier waiting.
+    fn is_idle(&self) -> bool {
+        self.in_flight() == 0 && !self.completions.has_barriers()
     }
 
     /// Issues one operation; returns the Rget request if it made one.
@@ -177,7 +177,7 @@ impl RmaDevice {
                 if let Some((_, e)) = failed.iter().find(|(p, _)| *p == (w, r)) {
                     op._out.fail(e.clone());
                 }
-                self.ready.push_back(op.tag);
+                self.completions.done(op.tag);
             }
         }
         if !self.gets.is_empty() {
@@ -198,7 +198,7 @@ impl RmaDevice {
                 // Report every Rget as failed rather than spin on an error.
                 for op in self.get_ops.drain(..) {
                     op._out.fail(e.clone());
-                    self.ready.push_back(op.tag);
+                    self.completions.done(op.tag);
                 }
                 self.gets.clear();
             } else if outcount > 0 {
@@ -216,7 +216,7 @@ impl RmaDevice {
                 });
                 for (op, d) in ops.into_iter().zip(done) {
                     if d {
-                        self.ready.push_back(op.tag);
+                        self.completions.done(op.tag);
                     } else {
                         keep_ops.push(op);
                     }
@@ -231,14 +231,7 @@ impl RmaDevice {
             .chain(self.unflushed.iter().map(|(_, _, o)| o.seq))
             .min()
             .unwrap_or(u64::MAX);
-        while let Some(&(tag, seq)) = self.barriers.front() {
-            if seq < oldest {
-                self.ready.push_back(tag);
-                self.barriers.pop_front();
-            } else {
-                break;
-            }
-        }
+        self.completions.release_barriers(oldest);
     }
 }
 
@@ -248,13 +241,7 @@ impl Device for RmaDevice {
     fn post(&mut self, command: Command, tag: Tag) -> Result<(), Command> {
         match command {
             Command::Flush => {
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                if self.in_flight() == 0 && self.barriers.is_empty() {
-                    self.ready.push_back(tag);
-                } else {
-                    self.barriers.push_back((tag, seq));
-                }
+                self.completions.flush(tag, self.in_flight() == 0);
                 Ok(())
             }
             Command::Rma {
@@ -273,12 +260,11 @@ impl Device for RmaDevice {
                         out,
                     });
                 }
-                let seq = self.next_seq;
-                self.next_seq += 1;
+                let seq = self.completions.accept();
                 match Self::issue(win.0, rank, disp, &kind, &out) {
                     Err(e) => {
                         out.fail(e);
-                        self.ready.push_back(tag);
+                        self.completions.done(tag);
                     }
                     Ok(Some(req)) => {
                         self.gets.push(req);
@@ -304,26 +290,22 @@ impl Device for RmaDevice {
     }
 
     fn poll(&mut self) -> Option<Tag> {
-        if let Some(t) = self.ready.pop_front() {
+        if let Some(t) = self.completions.pop() {
             return Some(t);
         }
-        if self.in_flight() == 0 && self.barriers.is_empty() {
+        if self.is_idle() {
             return None;
         }
         self.progress();
-        self.ready.pop_front()
+        self.completions.pop()
     }
 
     /// One round of progress (flushes and one `MPI_Testsome`) at most, and
     /// only when the operations finished earlier do not fill `tags`.
     fn poll_batch(&mut self, tags: &mut [Tag]) -> usize {
-        if self.ready.len() < tags.len() && (self.in_flight() > 0 || !self.barriers.is_empty()) {
+        if self.completions.backlog() < tags.len() && !self.is_idle() {
             self.progress();
         }
-        let n = tags.len().min(self.ready.len());
-        for (t, tag) in tags.iter_mut().zip(self.ready.drain(..n)) {
-            *t = tag;
-        }
-        n
+        self.completions.report(tags)
     }
 }

@@ -237,6 +237,18 @@ pub(crate) unsafe fn rget(
     Ok(req)
 }
 
+/// Runs `piece(done, n)` over `len` bytes in pieces of at most
+/// [`MAX_COUNT`] (`done` bytes before each piece of `n`).
+fn in_pieces(len: usize, mut piece: impl FnMut(usize, usize) -> Result<()>) -> Result<()> {
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(MAX_COUNT);
+        piece(done, n)?;
+        done += n;
+    }
+    Ok(())
+}
+
 /// `MPI_Get` of `len` bytes in pieces of at most [`MAX_COUNT`]; complete
 /// after a flush.
 ///
@@ -249,25 +261,17 @@ pub(crate) unsafe fn get(
     dst: *mut u8,
     len: usize,
 ) -> Result<()> {
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(MAX_COUNT);
+    in_pieces(len, |done, n| {
+        let (origin, count, at) = (
+            dst.wrapping_add(done),
+            n as c_int,
+            disp + done as ffi::MPI_Aint,
+        );
         // SAFETY: per the contract; the piece lies inside both ranges.
-        check("MPI_Get", unsafe {
-            ffi::MPI_Get(
-                dst.add(done).cast::<c_void>(),
-                n as c_int,
-                byte(),
-                rank,
-                disp + done as ffi::MPI_Aint,
-                n as c_int,
-                byte(),
-                win,
-            )
-        })?;
-        done += n;
-    }
-    Ok(())
+        let rc =
+            unsafe { ffi::MPI_Get(origin.cast(), count, byte(), rank, at, count, byte(), win) };
+        check("MPI_Get", rc)
+    })
 }
 
 /// `MPI_Put` of `len` bytes in pieces of at most [`MAX_COUNT`]; complete
@@ -283,25 +287,64 @@ pub(crate) unsafe fn put(
     src: *const u8,
     len: usize,
 ) -> Result<()> {
-    let mut done = 0;
-    while done < len {
-        let n = (len - done).min(MAX_COUNT);
+    in_pieces(len, |done, n| {
+        let (origin, count, at) = (
+            src.wrapping_add(done),
+            n as c_int,
+            disp + done as ffi::MPI_Aint,
+        );
         // SAFETY: per the contract; the piece lies inside both ranges.
-        check("MPI_Put", unsafe {
-            ffi::MPI_Put(
-                src.add(done).cast::<c_void>(),
-                n as c_int,
-                byte(),
-                rank,
-                disp + done as ffi::MPI_Aint,
-                n as c_int,
-                byte(),
-                win,
-            )
-        })?;
-        done += n;
+        let rc =
+            unsafe { ffi::MPI_Put(origin.cast(), count, byte(), rank, at, count, byte(), win) };
+        check("MPI_Put", rc)
+    })
+}
+
+/// A matched probe: a message that has arrived on `comm` with `tag`, taken
+/// out of MPI's matching (no other probe or receive can match it), if one
+/// has. Receive it with [`mrecv`].
+pub(crate) fn improbe(
+    comm: ffi::MPI_Comm,
+    tag: c_int,
+) -> Result<Option<(ffi::MPI_Message, ffi::MPI_Status)>> {
+    let mut flag: c_int = 0;
+    let mut msg = std::mem::MaybeUninit::<ffi::MPI_Message>::uninit();
+    let mut st = empty_status();
+    // SAFETY: a valid communicator and out-parameters.
+    check("MPI_Improbe", unsafe {
+        ffi::MPI_Improbe(
+            any_source(),
+            tag,
+            comm,
+            &mut flag,
+            msg.as_mut_ptr(),
+            &mut st,
+        )
+    })?;
+    if flag == 0 {
+        return Ok(None);
     }
-    Ok(())
+    // SAFETY: the probe matched a message and wrote its handle.
+    Ok(Some((unsafe { msg.assume_init() }, st)))
+}
+
+/// Receives the message `msg` of [`improbe`], of `count` bytes, into `buf`.
+pub(crate) fn mrecv(mut msg: ffi::MPI_Message, buf: &mut [u8], count: c_int) -> Result<()> {
+    assert!(
+        count >= 0 && count as usize <= buf.len(),
+        "the buffer is too small"
+    );
+    // SAFETY: `msg` is a matched message (from `improbe`) of `count` bytes,
+    // and `buf` has room for them.
+    check("MPI_Mrecv", unsafe {
+        ffi::MPI_Mrecv(
+            buf.as_mut_ptr().cast::<c_void>(),
+            count,
+            byte(),
+            &mut msg,
+            status_ignore(),
+        )
+    })
 }
 
 /// `MPI_Compare_and_swap` on a `u64`; the old value lands in `*result`

@@ -26,7 +26,6 @@
 use std::os::fd::AsFd;
 use std::os::raw::{c_int, c_void};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use ::mpi::ffi;
@@ -34,14 +33,9 @@ use ct_worker::UltItf;
 
 use super::raw::{self, Handle};
 use super::{MpiCom, coll};
+use crate::com::slots::WindowSlots;
 use crate::com::{Error, LocalWindow, RemotePtr, Result, WindowId, Windows};
 use crate::sys::{self, Mapping};
-
-/// Most windows a job can create over its lifetime.
-pub const MAX_WINDOWS: usize = 4096;
-
-const LIVE: u8 = 1;
-const DESTROYED: u8 = 2;
 
 /// How the `mpi` backend makes windows (`MENPS_MPI_WINDOWS`,
 /// [`MpiConfig::windows`](super::MpiConfig::windows)). Either way the local
@@ -73,13 +67,10 @@ impl WindowFlavor {
     }
 }
 
+/// How RMA reaches a window's parts.
 #[derive(Default)]
-struct Slot {
-    state: AtomicU8,
+struct Target {
     win: OnceLock<Handle<ffi::MPI_Win>>,
-    /// This process's local part (page-aligned unless the window is empty).
-    base: AtomicUsize,
-    size: AtomicUsize,
     /// Per rank: the MPI displacement of the first byte of its local part.
     disp: OnceLock<Box<[ffi::MPI_Aint]>>,
 }
@@ -93,21 +84,16 @@ struct Created {
 }
 
 pub(crate) struct WindowTable {
-    slots: Box<[Slot]>,
+    slots: WindowSlots<Target>,
     /// Every window created (live or destroyed), in id order. Destroyed
     /// windows are freed with the communicator.
     created: Mutex<Vec<Created>>,
 }
 
-#[cold]
-fn unknown(window: u32) -> Error {
-    Error::UnknownWindow { window }
-}
-
 impl WindowTable {
     pub(crate) fn new() -> Self {
         WindowTable {
-            slots: (0..MAX_WINDOWS).map(|_| Slot::default()).collect(),
+            slots: WindowSlots::new(),
             created: Mutex::new(Vec::new()),
         }
     }
@@ -123,39 +109,10 @@ impl WindowTable {
         len: usize,
         nprocs: usize,
     ) -> Result<(ffi::MPI_Win, ffi::MPI_Aint)> {
-        let w = p.window().0;
-        let Some(s) = self.slots.get(w as usize) else {
-            return Err(unknown(w));
-        };
-        if s.state.load(Ordering::Acquire) != LIVE {
-            return Err(unknown(w));
-        }
-        if p.rank() >= nprocs {
-            return Err(Error::BadRank {
-                rank: p.rank(),
-                size: nprocs,
-            });
-        }
-        let size = s.size.load(Ordering::Relaxed);
-        let off = p.offset();
-        if off > size as u64 || len > size - off as usize {
-            return Err(Error::OutOfBounds {
-                window: w,
-                offset: off,
-                len,
-                size,
-            });
-        }
-        let win = s.win.get().expect("a live window has a handle").0;
-        let start = s.disp.get().expect("a live window has displacements")[p.rank()];
-        Ok((win, start + off as ffi::MPI_Aint))
-    }
-
-    fn live_slot(&self, id: WindowId) -> Result<&Slot> {
-        match self.slots.get(id.0 as usize) {
-            Some(s) if s.state.load(Ordering::Acquire) == LIVE => Ok(s),
-            _ => Err(unknown(id.0)),
-        }
+        let s = self.slots.access(p, len, nprocs)?;
+        let win = s.extra.win.get().expect("a live window has a handle").0;
+        let start = s.extra.disp.get().expect("a live window has displacements")[p.rank()];
+        Ok((win, start + p.offset() as ffi::MPI_Aint))
     }
 
     /// Runs `f` on every live window.
@@ -165,7 +122,7 @@ impl WindowTable {
     ) -> Result<()> {
         let created = self.created.lock().unwrap_or_else(|e| e.into_inner());
         for c in created.iter() {
-            if self.slots[c.id as usize].state.load(Ordering::Acquire) == LIVE {
+            if self.slots.is_live(c.id) {
                 f(c.win.0)?;
             }
         }
@@ -182,8 +139,7 @@ impl WindowTable {
             memory,
         } in created.drain(..)
         {
-            let slot = &self.slots[id as usize];
-            if slot.state.swap(DESTROYED, Ordering::AcqRel) == LIVE {
+            if self.slots.slot(id).retire() {
                 // SAFETY: a live window in its lock_all epoch, no RMA in
                 // flight (the communicator is being dropped).
                 unsafe { ffi::MPI_Win_unlock_all(win.0) };
@@ -365,11 +321,7 @@ impl<U: UltItf> Windows for MpiCom<U> {
                 )));
             }
         }
-        if id as usize >= MAX_WINDOWS {
-            return Err(Error::BadConfig(format!(
-                "too many windows: a job can create at most {MAX_WINDOWS}"
-            )));
-        }
+        self.windows.slots.check_new(id)?;
         let page = sys::page_size();
         let stride = sys::round_up(bytes, page)
             .filter(|&s| s <= isize::MAX as usize - page)
@@ -397,11 +349,9 @@ impl<U: UltItf> Windows for MpiCom<U> {
             }));
         }
         let disp: Box<[ffi::MPI_Aint]> = all.iter().map(|h| h[1] as ffi::MPI_Aint).collect();
-        let slot = &self.windows.slots[id as usize];
-        slot.base.store(new.part as usize, Ordering::Relaxed);
-        slot.size.store(bytes, Ordering::Relaxed);
-        let _ = slot.win.set(Handle(new.win));
-        let _ = slot.disp.set(disp);
+        let slot = self.windows.slots.slot(id);
+        let _ = slot.extra.win.set(Handle(new.win));
+        let _ = slot.extra.disp.set(disp);
         self.windows
             .created
             .lock()
@@ -411,20 +361,21 @@ impl<U: UltItf> Windows for MpiCom<U> {
                 win: Handle(new.win),
                 memory: new.memory,
             });
-        slot.state.store(LIVE, Ordering::Release);
+        // SAFETY: our part of a live window: read-write, page-aligned, a
+        // shared mapping (see the module docs), and kept allocated
+        // (inaccessible) after destruction until the communicator is
+        // dropped.
+        unsafe { slot.publish(new.part as usize, bytes) };
         st.next_window += 1;
         Ok(WindowId(id))
     }
 
     fn destroy_window(&self, id: WindowId) -> Result<()> {
         let mut st = self.coll.lock();
-        let mine = match self.windows.live_slot(id) {
-            Ok(_) => u64::from(id.0),
-            Err(_) => u64::MAX,
-        };
+        let mine = self.windows.slots.destroy_claim(id);
         let all = self.exchange_headers(&mut st, [coll::OP_WIN_DESTROY, mine, 0])?;
         if mine == u64::MAX {
-            return Err(unknown(id.0));
+            return Err(Error::UnknownWindow { window: id.0 });
         }
         for (r, h) in all.iter().enumerate() {
             if h[0] != coll::OP_WIN_DESTROY || h[1] == u64::MAX {
@@ -439,9 +390,9 @@ impl<U: UltItf> Windows for MpiCom<U> {
                 )));
             }
         }
-        let slot = &self.windows.slots[id.0 as usize];
-        let win = slot.win.get().expect("a live window has a handle").0;
-        slot.state.store(DESTROYED, Ordering::Release);
+        let slot = self.windows.slots.slot(id.0);
+        let win = slot.extra.win.get().expect("a live window has a handle").0;
+        slot.retire();
         // SAFETY: a live window in its lock_all epoch; every process has
         // entered destroy_window, hence finished its RMA to it.
         raw::check("MPI_Win_unlock_all", unsafe {
@@ -450,10 +401,7 @@ impl<U: UltItf> Windows for MpiCom<U> {
         // Stale local pointers fault from now on; the memory itself stays
         // allocated (never reused) until the communicator is dropped, when
         // MPI_Win_free releases it.
-        let (base, size) = (
-            slot.base.load(Ordering::Relaxed),
-            slot.size.load(Ordering::Relaxed),
-        );
+        let (base, size) = (slot.base(), slot.size());
         if size > 0 {
             let len = sys::round_up(size, sys::page_size()).expect("checked at creation");
             // SAFETY: exactly the page-aligned local part of the window,
@@ -464,22 +412,11 @@ impl<U: UltItf> Windows for MpiCom<U> {
     }
 
     fn local_window(&self, id: WindowId) -> Result<LocalWindow> {
-        let s = self.windows.live_slot(id)?;
-        // SAFETY: our part of a live window: read-write, page-aligned, a
-        // shared mapping (see the module docs), and kept allocated
-        // (inaccessible) after destruction until the communicator is
-        // dropped.
-        Ok(unsafe {
-            LocalWindow::from_raw(
-                id,
-                s.base.load(Ordering::Relaxed) as *mut u8,
-                s.size.load(Ordering::Relaxed),
-            )
-        })
+        self.windows.slots.local_window(id)
     }
 
     fn window_size(&self, id: WindowId) -> Result<usize> {
-        Ok(self.windows.live_slot(id)?.size.load(Ordering::Relaxed))
+        self.windows.slots.window_size(id)
     }
 }
 

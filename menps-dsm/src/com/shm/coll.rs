@@ -26,8 +26,9 @@ use std::sync::atomic::Ordering;
 
 use ct_worker::UltItf;
 
-use super::{ShmCom, Watch};
-use crate::com::{Coll, Error, Result};
+use super::ShmCom;
+use crate::com::wait::Watch;
+use crate::com::{Coll, Error, Result, check};
 
 const OP_BROADCAST: u64 = 1;
 const OP_ALLGATHER: u64 = 2;
@@ -84,7 +85,7 @@ impl<U: UltItf> ShmCom<U> {
             let what = || "a barrier or collective".to_string();
             // A peer that left after passing this barrier sent all its
             // signals: only one that left before is an error.
-            self.wait_until(Watch::AllOthers(epoch), Some(&what), || {
+            self.wait_until(Watch::AllOthers(Some(epoch)), Some(&what), || {
                 // At least `epoch` (wrapping): the peer may be a barrier ahead.
                 let seen = word.load(Ordering::Acquire);
                 Ok(((seen.wrapping_sub(epoch) as i32) >= 0).then_some(()))
@@ -154,12 +155,7 @@ impl<U: UltItf> ShmCom<U> {
     ) -> Result<()> {
         let n = self.size;
         let total = src.len();
-        if total.checked_mul(n) != Some(dst.len()) {
-            return Err(Error::InvalidArgument(format!(
-                "allgather destination has {} bytes; it must be size ({n}) × {total}",
-                dst.len()
-            )));
-        }
+        check::allgather_len(n, total, dst.len())?;
         let chunk = self.control.layout().chunk_bytes;
         let steps = total.div_ceil(chunk).max(1);
         for k in 0..steps {
@@ -196,7 +192,7 @@ impl<U: UltItf> Coll for ShmCom<U> {
     }
 
     fn broadcast(&self, root: usize, buf: &mut [u8]) -> Result<()> {
-        self.check_rank(root)?;
+        check::rank(root, self.size)?;
         let mut st = self.coll.lock();
         let total = buf.len();
         let chunk = self.control.layout().chunk_bytes;

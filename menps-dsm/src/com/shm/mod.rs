@@ -28,18 +28,18 @@
 pub(crate) mod coll;
 pub(crate) mod control;
 pub(crate) mod p2p;
+mod rma;
+mod wait;
 pub(crate) mod window;
 
 use std::marker::PhantomData;
 use std::os::fd::OwnedFd;
-use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering, fence};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use ct_worker::{Ult, UltItf};
 
-use super::{Comm, Error, RemotePtr, Request, Result, Rma};
-use control::{Control, state};
+use super::{Comm, Error, RemotePtr, Result};
+use control::Control;
 pub use window::MAX_WINDOWS;
 
 /// Communicator of the shm backend, generic over the threading library the
@@ -56,7 +56,7 @@ pub struct ShmCom<U: UltItf = Ult> {
     windows: window::WindowTable,
     p2p: p2p::P2pState,
     coll: ct_sync::Mutex<coll::CollState, U>,
-    /// Polls, then yields, before a wait sleeps (see [`SPIN_ROUNDS`]).
+    /// Polls, then yields, before a wait sleeps (see `wait::rounds`).
     spin_rounds: u32,
     yield_rounds: u32,
     _u: PhantomData<fn() -> U>,
@@ -71,37 +71,6 @@ impl<U: UltItf> core::fmt::Debug for ShmCom<U> {
     }
 }
 
-/// What a wait must also watch for, besides the job's first death.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Watch {
-    /// Fails if this process has left the job.
-    Rank(usize),
-    /// Fails if another process has left the job without passing the
-    /// barrier of this number (barrier numbers wrap): one that passed it
-    /// has sent every signal of it.
-    AllOthers(u32),
-    /// Fails if every other process has left the job.
-    AnyOther,
-}
-
-/// Polls with a short pause in between (about 5 µs in all on this kind of
-/// machine), so that a peer running on another core is seen at once.
-const SPIN_ROUNDS: u32 = 128;
-/// Then yields (each returns at once when nobody else waits for the
-/// processor) for up to about a millisecond before sleeping: a peer a few
-/// tens of microseconds behind — a barrier after uneven work, the next
-/// fork of a short region — is met without a futex wake-up, whose latency
-/// on a virtual machine is tens of microseconds.
-const YIELD_ROUNDS: u32 = 1024;
-/// The same when the job has more processes than the machine has
-/// processors: the peer we wait for may be queued behind us on our own
-/// processor, so the processor is given up almost at once, and for longer
-/// before sleeping (a yield with nobody else runnable returns at once, so
-/// this costs no latency when the peer runs elsewhere).
-const SPIN_ROUNDS_OVERSUBSCRIBED: u32 = 2;
-const YIELD_ROUNDS_OVERSUBSCRIBED: u32 = 256;
-const SLEEP: Duration = Duration::from_millis(1);
-
 impl<U: UltItf> ShmCom<U> {
     pub(crate) fn from_parts(
         rank: usize,
@@ -114,14 +83,7 @@ impl<U: UltItf> ShmCom<U> {
             .slot(rank)
             .joined
             .store(1, std::sync::atomic::Ordering::Release);
-        // More processes than processors (all of the job's processes run on
-        // this machine).
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let (spin_rounds, yield_rounds) = if size > cpus {
-            (SPIN_ROUNDS_OVERSUBSCRIBED, YIELD_ROUNDS_OVERSUBSCRIBED)
-        } else {
-            (SPIN_ROUNDS, YIELD_ROUNDS)
-        };
+        let (spin_rounds, yield_rounds) = wait::rounds(size);
         ShmCom {
             rank,
             size,
@@ -168,312 +130,6 @@ impl<U: UltItf> ShmCom<U> {
             }),
         }
     }
-
-    #[inline]
-    fn check_rank(&self, rank: usize) -> Result<()> {
-        if rank < self.size {
-            Ok(())
-        } else {
-            Err(Error::BadRank {
-                rank,
-                size: self.size,
-            })
-        }
-    }
-
-    /// The error a wait must return now, if any.
-    fn failure(&self, watch: Watch) -> Option<Error> {
-        if let Some(rank) = self.control.failed_rank() {
-            return Some(Error::PeerDied { rank });
-        }
-        let left = |r: usize| self.control.slot(r).state.load(Ordering::Acquire) != state::RUNNING;
-        let exited = match watch {
-            Watch::Rank(r) => left(r).then_some(Error::PeerExited { rank: r }),
-            // Name the process that left first (the others may have left
-            // because of it).
-            Watch::AllOthers(epoch) => (0..self.size)
-                .filter(|&r| {
-                    r != self.rank && left(r) && {
-                        let passed = self.control.slot(r).passed.load(Ordering::Acquire);
-                        (passed.wrapping_sub(epoch) as i32) < 0
-                    }
-                })
-                .min_by_key(|&r| self.control.slot(r).ended_seq.load(Ordering::Acquire))
-                .map(|rank| Error::PeerExited { rank }),
-            Watch::AnyOther => {
-                let others = (0..self.size).filter(|&r| r != self.rank);
-                if self.size > 1 && others.clone().all(left) {
-                    others
-                        .min_by_key(|&r| self.control.slot(r).ended_seq.load(Ordering::Acquire))
-                        .map(|rank| Error::PeerExited { rank })
-                } else {
-                    None
-                }
-            }
-        };
-        // The launcher records a death (the `failed` word) before the
-        // process's state: having seen the state, re-read the word, which
-        // the first read above may have missed.
-        exited.map(|e| match self.control.failed_rank() {
-            Some(rank) => Error::PeerDied { rank },
-            None => e,
-        })
-    }
-
-    /// The error for a peer whose socket closed: the process has ended, and
-    /// the launcher records how (death or exit) moments later; wait up to a
-    /// second for that verdict.
-    pub(crate) fn departure_of(&self, rank: usize) -> Error {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        let mut backoff = ct_sync::Backoff::parking(0);
-        loop {
-            if let Some(e) = self.failure(Watch::Rank(rank)) {
-                return e;
-            }
-            if std::time::Instant::now() >= deadline {
-                return Error::PeerExited { rank };
-            }
-            // Parks an OS thread, never a worker (the workspace's back-off).
-            backoff.snooze(U::yield_now);
-        }
-    }
-
-    /// Polls until `poll` gives a value, an error, or `watch` (or a death in
-    /// the job) says it never will. Backs off: spin, yield, doorbell sleep.
-    /// A wait longer than the watchdog period (`MENPS_WATCHDOG_SECS`) is
-    /// reported once, naming `what` is awaited and any stopped peer (`None`:
-    /// a wait that may last as long as the program likes, such as a server
-    /// waiting for its next request).
-    pub(crate) fn wait_until<T>(
-        &self,
-        watch: Watch,
-        what: Option<&dyn Fn() -> String>,
-        mut poll: impl FnMut() -> Result<Option<T>>,
-    ) -> Result<T> {
-        let mut round = 0u32;
-        let mut asleep_since: Option<std::time::Instant> = None;
-        let mut reported = false;
-        loop {
-            if let Some(v) = poll()? {
-                return Ok(v);
-            }
-            if let Some(e) = self.failure(watch) {
-                // What we wait for may have happened just before the peer left.
-                return poll()?.ok_or(e);
-            }
-            if round < self.spin_rounds {
-                std::hint::spin_loop();
-            } else if round < self.spin_rounds + self.yield_rounds {
-                U::yield_now();
-                // On OS threads `U::yield_now` was the processor's yield.
-                if core::any::TypeId::of::<U>() != core::any::TypeId::of::<ct_worker::OsThreads>() {
-                    std::thread::yield_now();
-                }
-            } else {
-                let since = *asleep_since.get_or_insert_with(std::time::Instant::now);
-                if !reported
-                    && let Some(what) = what
-                    && let Some(period) = crate::launch::watchdog_period()
-                    && since.elapsed() >= period
-                {
-                    let msg = self.report_long_wait(watch, what, period);
-                    reported = true;
-                    if crate::launch::watchdog_fails() {
-                        return Err(Error::Stalled(msg));
-                    }
-                }
-                // Peers are watched here too, not only by the launcher (which
-                // may be stopped or descheduled): every 64 sleeps, about
-                // every 64 ms.
-                if (round - self.spin_rounds - self.yield_rounds).is_multiple_of(64) {
-                    self.watch_peers();
-                }
-                let slot = self.control.slot(self.rank);
-                slot.sleepers.fetch_add(1, Ordering::SeqCst);
-                fence(Ordering::SeqCst);
-                let bell = slot.doorbell.load(Ordering::SeqCst);
-                let r = poll();
-                if matches!(r, Ok(None)) && self.failure(watch).is_none() {
-                    crate::sys::futex_wait(&slot.doorbell, bell, SLEEP);
-                }
-                slot.sleepers.fetch_sub(1, Ordering::SeqCst);
-                if let Some(v) = r? {
-                    return Ok(v);
-                }
-                // Let other user-level threads of this worker run between
-                // sleeps.
-                U::yield_now();
-            }
-            round = round.saturating_add(1);
-        }
-    }
-
-    /// Records peers that have ended (gone, or zombies their launcher has
-    /// not reaped), from `/proc`, with their exit status: a dead peer is
-    /// detected even when the launcher cannot run.
-    #[cold]
-    fn watch_peers(&self) {
-        for r in (0..self.size).filter(|&r| r != self.rank) {
-            let slot = self.control.slot(r);
-            let pid = slot.pid.load(Ordering::Relaxed);
-            if pid == 0 || slot.state.load(Ordering::Acquire) != state::RUNNING {
-                continue;
-            }
-            match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-                // Gone: reaped by our launcher, which records how it ended a
-                // moment later (a process that exited well after its last
-                // barrier was taken for dead when we looked in between), or
-                // by someone else — then it did not end well.
-                Err(_) => {
-                    if !self.verdict_within(r, Duration::from_secs(1)) {
-                        self.control.mark_ended(r, false);
-                    }
-                }
-                Ok(stat) => {
-                    let Some((_, rest)) = stat.rsplit_once(')') else {
-                        continue;
-                    };
-                    let fields: Vec<&str> = rest.split_whitespace().collect();
-                    if matches!(fields.first(), Some(&"Z" | &"X")) {
-                        // Field 52, the wait status (field 3 is fields[0]).
-                        let ok = fields.get(49).and_then(|v| v.parse::<i32>().ok()) == Some(0);
-                        self.control.mark_ended(r, ok);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Waits up to `limit` for the launcher to record that rank `r` ended;
-    /// whether it did.
-    #[cold]
-    fn verdict_within(&self, r: usize, limit: Duration) -> bool {
-        let deadline = std::time::Instant::now() + limit;
-        let mut backoff = ct_sync::Backoff::parking(0);
-        loop {
-            if self.control.slot(r).state.load(Ordering::Acquire) != state::RUNNING {
-                return true;
-            }
-            if std::time::Instant::now() >= deadline {
-                return false;
-            }
-            // Parks an OS thread, never a worker (the workspace's back-off).
-            backoff.snooze(U::yield_now);
-        }
-    }
-
-    /// The watchdog's report: this process has waited `period` for `what`
-    /// from the peers of `watch`; peers that are stopped (`SIGSTOP`, a
-    /// debugger) are named, since they are the usual reason.
-    #[cold]
-    fn report_long_wait(
-        &self,
-        watch: Watch,
-        what: &dyn Fn() -> String,
-        period: Duration,
-    ) -> String {
-        let peers: Vec<usize> = match watch {
-            Watch::Rank(r) => vec![r],
-            Watch::AllOthers(_) | Watch::AnyOther => {
-                (0..self.size).filter(|&r| r != self.rank).collect()
-            }
-        };
-        let stopped: Vec<String> = peers
-            .iter()
-            .filter_map(|&r| {
-                let pid = self.control.slot(r).pid.load(Ordering::Relaxed);
-                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-                // The state follows the command name's closing parenthesis.
-                let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
-                matches!(state, 'T' | 't').then(|| format!("rank {r} (pid {pid}) is stopped"))
-            })
-            .collect();
-        let whom = match watch {
-            Watch::Rank(r) => format!("rank {r}"),
-            Watch::AllOthers(_) => "every other rank".to_string(),
-            Watch::AnyOther => "any other rank".to_string(),
-        };
-        let mut msg = format!(
-            "rank {} has waited {:.0} s for {whom} ({})",
-            self.rank,
-            period.as_secs_f64(),
-            what()
-        );
-        if !stopped.is_empty() {
-            msg.push_str(": ");
-            msg.push_str(&stopped.join(", "));
-        }
-        let going_on = if crate::launch::watchdog_fails() {
-            "giving up"
-        } else {
-            "still waiting"
-        };
-        // One write, so that other processes' output cannot split the line.
-        let line = format!("menps: {msg}; {going_on}\n");
-        use std::io::Write;
-        let _ = std::io::stderr().write_all(line.as_bytes());
-        msg
-    }
-
-    #[inline]
-    fn atomic_at(&self, p: RemotePtr) -> Result<&AtomicU64> {
-        self.check_alive()?;
-        if !p.offset().is_multiple_of(8) {
-            return Err(Error::UnalignedAtomic {
-                window: p.window().0,
-                offset: p.offset(),
-            });
-        }
-        let a = self.windows.resolve(p, 8, self.size)?;
-        // SAFETY: `resolve` checked that the 8 bytes lie inside a live
-        // window mapping; window bases are page-aligned and the offset is a
-        // multiple of 8, so the word is aligned; any bit pattern is a valid
-        // AtomicU64, and the mapping outlives `&self` (destroyed windows stay
-        // reserved).
-        Ok(unsafe { &*(a as *const AtomicU64) })
-    }
-
-    /// Blocking read (the hot path, without a request).
-    #[inline]
-    fn do_read(&self, src: RemotePtr, dst: *mut u8, len: usize) -> Result<()> {
-        self.check_alive()?;
-        let s = self.windows.resolve(src, len, self.size)?;
-        // SAFETY: `s..s+len` is inside a live mapping (checked); the caller
-        // guarantees `dst` is valid for `len` bytes. `copy` tolerates overlap
-        // (a read from one's own window into itself). Concurrent conflicting
-        // remote writes give unspecified bytes, as with RDMA; the DSM's
-        // protocol excludes them.
-        unsafe { copy_bytes(s, dst, len) };
-        Ok(())
-    }
-
-    /// Blocking write (the hot path, without a request).
-    #[inline]
-    fn do_write(&self, dst: RemotePtr, src: *const u8, len: usize) -> Result<()> {
-        self.check_alive()?;
-        let d = self.windows.resolve(dst, len, self.size)?;
-        // SAFETY: as in `do_read`, with the roles swapped.
-        unsafe { copy_bytes(src, d, len) };
-        Ok(())
-    }
-}
-
-/// `memmove` with a fast path for word-sized copies.
-///
-/// # Safety
-/// `src` valid for reads and `dst` for writes of `len` bytes.
-#[inline(always)]
-unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
-    // SAFETY: per the contract; unaligned accesses are allowed by
-    // read/write_unaligned, and a single load-then-store is overlap-safe.
-    unsafe {
-        match len {
-            8 => ptr::write_unaligned(dst.cast::<u64>(), ptr::read_unaligned(src.cast::<u64>())),
-            4 => ptr::write_unaligned(dst.cast::<u32>(), ptr::read_unaligned(src.cast::<u32>())),
-            16 => ptr::write_unaligned(dst.cast::<u128>(), ptr::read_unaligned(src.cast::<u128>())),
-            _ => ptr::copy(src, dst, len),
-        }
-    }
 }
 
 impl<U: UltItf> Comm for ShmCom<U> {
@@ -485,79 +141,10 @@ impl<U: UltItf> Comm for ShmCom<U> {
     }
 }
 
-impl<U: UltItf> Rma for ShmCom<U> {
-    type Request = Request<U>;
-
-    unsafe fn read_nb(&self, src: RemotePtr, dst: *mut u8, len: usize) -> Result<Request<U>> {
-        self.do_read(src, dst, len)?;
-        Ok(Request::ready(Ok(0)))
-    }
-
-    unsafe fn write_nb(&self, dst: RemotePtr, src: *const u8, len: usize) -> Result<Request<U>> {
-        self.do_write(dst, src, len)?;
-        Ok(Request::ready(Ok(0)))
-    }
-
-    fn compare_and_swap_nb(
-        &self,
-        target: RemotePtr,
-        expected: u64,
-        new: u64,
-    ) -> Result<Request<U>> {
-        self.compare_and_swap(target, expected, new)
-            .map(|v| Request::ready(Ok(v)))
-    }
-
-    fn fetch_add_nb(&self, target: RemotePtr, delta: u64) -> Result<Request<U>> {
-        self.fetch_add(target, delta).map(|v| Request::ready(Ok(v)))
-    }
-
-    fn flush(&self, rank: usize) -> Result<()> {
-        self.check_rank(rank)?;
-        fence(Ordering::SeqCst);
-        self.check_alive()
-    }
-
-    fn flush_all(&self) -> Result<()> {
-        fence(Ordering::SeqCst);
-        self.check_alive()
-    }
-
-    #[inline]
-    fn read(&self, src: RemotePtr, dst: &mut [u8]) -> Result<()> {
-        self.do_read(src, dst.as_mut_ptr(), dst.len())
-    }
-
-    #[inline]
-    fn write(&self, dst: RemotePtr, src: &[u8]) -> Result<()> {
-        self.do_write(dst, src.as_ptr(), src.len())
-    }
-
-    #[inline]
-    fn compare_and_swap(&self, target: RemotePtr, expected: u64, new: u64) -> Result<u64> {
-        let w = self.atomic_at(target)?;
-        Ok(
-            match w.compare_exchange(expected, new, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(v) | Err(v) => v,
-            },
-        )
-    }
-
-    #[inline]
-    fn fetch_add(&self, target: RemotePtr, delta: u64) -> Result<u64> {
-        Ok(self.atomic_at(target)?.fetch_add(delta, Ordering::SeqCst))
-    }
-
-    #[inline]
-    fn atomic_load(&self, target: RemotePtr) -> Result<u64> {
-        Ok(self.atomic_at(target)?.load(Ordering::SeqCst))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::com::{Coll, P2p, RmaRequest, Source, WindowId, Windows};
+    use crate::com::{Coll, P2p, Rma, RmaRequest, Source, WindowId, Windows};
     use ct_worker::OsThreads;
 
     #[test]

@@ -8,10 +8,11 @@
 //! are byte counts since the start, taken modulo the power-of-two capacity,
 //! and a frame may wrap around the end.
 //!
-//! The receiver drains its rings into per-(sender, tag) queues, so a
-//! receive for one tag never consumes a message of another tag, and
-//! messages of one (sender, tag) keep their order. No process-local lock is
-//! held while waiting, so waiting user-level threads never block others.
+//! The receiver drains its rings into the per-(sender, tag) queues of the
+//! shared receive path (`com::mailbox`), so a receive for one tag never
+//! consumes a message of another tag, and messages of one (sender, tag)
+//! keep their order. No process-local lock is held while waiting, so
+//! waiting user-level threads never block others.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard};
@@ -19,10 +20,12 @@ use std::sync::{Mutex, MutexGuard};
 use crossbeam_utils::CachePadded;
 use ct_worker::UltItf;
 
+use super::ShmCom;
 use super::control::Ring;
-use super::{ShmCom, Watch};
 use crate::com::inbox::Inbox;
-use crate::com::{Error, MAX_MESSAGE_BYTES, P2p, Result, Source, Tag};
+use crate::com::mailbox::Mailbox;
+use crate::com::wait::Watch;
+use crate::com::{MAX_MESSAGE_BYTES, Result, Source, Tag};
 
 const FRAME_HDR: usize = 8;
 
@@ -145,9 +148,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl<U: UltItf> ShmCom<U> {
+impl<U: UltItf> Mailbox for ShmCom<U> {
+    fn inbox(&self) -> &Mutex<Inbox> {
+        &self.p2p.inbox
+    }
+
     /// Moves everything waiting in our rings (from `from`) into the inbox.
-    fn collect(&self, inbox: &mut Inbox, from: Source) {
+    fn collect(&self, inbox: &mut Inbox, from: Source) -> Result<()> {
         let mut take = |s: usize| {
             let ring = self.control.ring(s, self.rank);
             if ring.is_empty() {
@@ -163,55 +170,11 @@ impl<U: UltItf> ShmCom<U> {
             Source::Rank(s) => take(s),
             Source::Any => (0..self.size).for_each(take),
         }
+        Ok(())
     }
 
-    /// Takes the oldest matching message if there is one; `fits` may refuse
-    /// it (it then stays queued) with an error.
-    fn take_matching(
-        &self,
-        from: Source,
-        tag: Tag,
-        fits: &impl Fn(usize) -> Result<()>,
-    ) -> Result<Option<(usize, Vec<u8>)>> {
-        let mut inbox = lock(&self.p2p.inbox);
-        self.collect(&mut inbox, from);
-        inbox.take(from, tag, self.size, fits)
-    }
-
-    fn source_watch(&self, from: Source) -> Result<Watch> {
-        match from {
-            Source::Rank(s) => {
-                self.check_rank(s)?;
-                Ok(Watch::Rank(s))
-            }
-            Source::Any => Ok(Watch::AnyOther),
-        }
-    }
-
-    fn recv_checked(
-        &self,
-        from: Source,
-        tag: Tag,
-        fits: impl Fn(usize) -> Result<()>,
-    ) -> Result<(usize, Vec<u8>)> {
-        let watch = self.source_watch(from)?;
-        self.check_alive()?;
-        // A receive may wait as long as the program likes (a server
-        // waiting for requests): no watchdog.
-        self.wait_until(watch, None, || self.take_matching(from, tag, &fits))
-    }
-}
-
-impl<U: UltItf> P2p for ShmCom<U> {
-    fn send(&self, to: usize, tag: Tag, data: &[u8]) -> Result<()> {
-        if data.len() > MAX_MESSAGE_BYTES {
-            return Err(Error::MessageTooLarge {
-                len: data.len(),
-                max: MAX_MESSAGE_BYTES,
-            });
-        }
-        self.check_rank(to)?;
-        self.check_alive()?;
+    /// Waits for room in our ring to `to`, then rings its doorbell.
+    fn transmit(&self, to: usize, tag: Tag, data: &[u8]) -> Result<()> {
         let ring = self.control.ring(self.rank, to);
         let what = || format!("room in the message ring to rank {to}");
         self.wait_until(Watch::Rank(to), Some(&what), || {
@@ -222,27 +185,13 @@ impl<U: UltItf> P2p for ShmCom<U> {
         Ok(())
     }
 
-    fn try_recv(&self, from: Source, tag: Tag) -> Result<Option<(usize, Vec<u8>)>> {
-        self.source_watch(from)?;
-        self.check_alive()?;
-        self.take_matching(from, tag, &|_| Ok(()))
+    fn wait_for<T>(&self, watch: Watch, poll: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+        // No watchdog: a receive may wait as long as the program likes.
+        self.wait_until(watch, None, poll)
     }
 
-    fn recv(&self, from: Source, tag: Tag) -> Result<(usize, Vec<u8>)> {
-        self.recv_checked(from, tag, |_| Ok(()))
-    }
-
-    fn recv_into(&self, from: Source, tag: Tag, buf: &mut [u8]) -> Result<(usize, usize)> {
-        let capacity = buf.len();
-        let (s, msg) = self.recv_checked(from, tag, |len| {
-            if len <= capacity {
-                Ok(())
-            } else {
-                Err(Error::BufferTooSmall { len, capacity })
-            }
-        })?;
-        buf[..msg.len()].copy_from_slice(&msg);
-        Ok((s, msg.len()))
+    fn check_usable(&self) -> Result<()> {
+        self.check_alive()
     }
 }
 

@@ -2,41 +2,38 @@
 //! (`size` bytes each, at a page-aligned stride), created by rank 0, sent to
 //! the others with `SCM_RIGHTS`, and mapped `MAP_SHARED` by every process.
 //!
-//! The table of windows is fixed-size and never shrinks: the RMA fast path
-//! resolves a [`RemotePtr`] with one acquire load of the slot's state and a
-//! bounds check, without reference counting. Destroying a window replaces
+//! The table of windows is the backends' shared one (`com::slots`): the RMA
+//! fast path resolves a [`RemotePtr`] with one acquire load of the slot's
+//! state and a bounds check, without reference counting. Destroying a window replaces
 //! its mapping with an inaccessible reservation, so a racing or stale access
 //! faults instead of touching memory reused for something else.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ct_worker::UltItf;
 
+use super::ShmCom;
 use super::coll::CollState;
-use super::{ShmCom, Watch};
+pub use crate::com::slots::MAX_WINDOWS;
+use crate::com::slots::{self, WindowSlots, u64_at};
+use crate::com::wait::Watch;
 use crate::com::{Error, LocalWindow, RemotePtr, Result, WindowId, Windows};
 use crate::sys::{self, Mapping, Received};
 
-/// Most windows a job can create over its lifetime.
-pub const MAX_WINDOWS: usize = 4096;
-
-// Slot states: 0 = never used (the default), then LIVE, then DESTROYED.
-const LIVE: u8 = 1;
-const DESTROYED: u8 = 2;
-
+/// Where the parts of a window are: one mapping of every process's part,
+/// at a page-aligned stride.
 #[derive(Default)]
-struct Slot {
-    state: AtomicU8,
-    base: AtomicUsize,
+pub(crate) struct Parts {
+    /// Rank 0's part.
+    first: AtomicUsize,
     stride: AtomicUsize,
-    size: AtomicUsize,
 }
 
 pub(crate) struct WindowTable {
-    slots: Box<[Slot]>,
+    slots: WindowSlots<Parts>,
     mappings: Mutex<Vec<Option<Mapping>>>,
 }
 
@@ -46,7 +43,7 @@ const PACKET_OK: u64 = 0;
 impl WindowTable {
     pub(crate) fn new() -> Self {
         WindowTable {
-            slots: (0..MAX_WINDOWS).map(|_| Slot::default()).collect(),
+            slots: WindowSlots::new(),
             mappings: Mutex::new(Vec::new()),
         }
     }
@@ -55,57 +52,12 @@ impl WindowTable {
     /// bounds.
     #[inline]
     pub(crate) fn resolve(&self, p: RemotePtr, len: usize, nprocs: usize) -> Result<*mut u8> {
-        let w = p.window().0;
-        let Some(s) = self.slots.get(w as usize) else {
-            return Err(unknown(w));
-        };
-        if s.state.load(Ordering::Acquire) != LIVE {
-            return Err(unknown(w));
-        }
-        let size = s.size.load(Ordering::Relaxed);
-        let off = p.offset();
-        if p.rank() >= nprocs {
-            return Err(bad_rank(p.rank(), nprocs));
-        }
-        if off > size as u64 || len > size - off as usize {
-            return Err(out_of_bounds(w, off, len, size));
-        }
-        let addr = s.base.load(Ordering::Relaxed)
-            + p.rank() * s.stride.load(Ordering::Relaxed)
-            + off as usize;
+        let s = self.slots.access(p, len, nprocs)?;
+        let addr = s.extra.first.load(Ordering::Relaxed)
+            + p.rank() * s.extra.stride.load(Ordering::Relaxed)
+            + p.offset() as usize;
         Ok(addr as *mut u8)
     }
-
-    fn live_slot(&self, id: WindowId) -> Result<&Slot> {
-        match self.slots.get(id.0 as usize) {
-            Some(s) if s.state.load(Ordering::Acquire) == LIVE => Ok(s),
-            _ => Err(unknown(id.0)),
-        }
-    }
-}
-
-#[cold]
-fn unknown(window: u32) -> Error {
-    Error::UnknownWindow { window }
-}
-
-#[cold]
-fn bad_rank(rank: usize, size: usize) -> Error {
-    Error::BadRank { rank, size }
-}
-
-#[cold]
-fn out_of_bounds(window: u32, offset: u64, len: usize, size: usize) -> Error {
-    Error::OutOfBounds {
-        window,
-        offset,
-        len,
-        size,
-    }
-}
-
-fn u64_at(b: &[u8], i: usize) -> u64 {
-    u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
 }
 
 impl<U: UltItf> ShmCom<U> {
@@ -186,24 +138,9 @@ impl<U: UltItf> Windows for ShmCom<U> {
         let id = st.next_window;
         // Agree on the id and the size (this also lets every process know
         // that all have entered the call).
-        let mine = [u64::from(id).to_le_bytes(), (bytes as u64).to_le_bytes()].concat();
-        let all = self.allgather_locked(&mut st, &mine)?;
-        for r in 0..self.size {
-            let (rid, rbytes) = (u64_at(&all, 2 * r), u64_at(&all, 2 * r + 1));
-            if rid != u64::from(id) || rbytes != bytes as u64 {
-                return Err(Error::CollectiveMismatch(format!(
-                    "create_window: rank {r} asked for window {rid} of {rbytes} bytes, \
-                     rank {} for window {id} of {bytes} bytes (every process must create the \
-                     same windows in the same order)",
-                    self.rank
-                )));
-            }
-        }
-        if id as usize >= MAX_WINDOWS {
-            return Err(Error::BadConfig(format!(
-                "too many windows: a job can create at most {MAX_WINDOWS}"
-            )));
-        }
+        let all = self.allgather_locked(&mut st, &slots::create_claim(id, bytes))?;
+        slots::check_create_claims(&all, self.rank, id, bytes)?;
+        self.windows.slots.check_new(id)?;
         let too_big = || Error::InvalidArgument(format!("window of {bytes} bytes is too large"));
         let stride = sys::round_up(bytes, sys::page_size()).ok_or_else(too_big)?;
         let total = stride.checked_mul(self.size).ok_or_else(too_big)?;
@@ -222,10 +159,9 @@ impl<U: UltItf> Windows for ShmCom<U> {
             .map_or(NonNull::<u64>::dangling().as_ptr() as usize, |m| {
                 m.ptr() as usize
             });
-        let slot = &self.windows.slots[id as usize];
-        slot.base.store(base, Ordering::Relaxed);
-        slot.stride.store(stride, Ordering::Relaxed);
-        slot.size.store(bytes, Ordering::Relaxed);
+        let slot = self.windows.slots.slot(id);
+        slot.extra.first.store(base, Ordering::Relaxed);
+        slot.extra.stride.store(stride, Ordering::Relaxed);
         {
             let mut maps = self
                 .windows
@@ -237,7 +173,10 @@ impl<U: UltItf> Windows for ShmCom<U> {
             }
             maps[id as usize] = mapping;
         }
-        slot.state.store(LIVE, Ordering::Release);
+        // SAFETY: our part of the new window's mapping: read-write,
+        // page-aligned (the stride is a whole number of pages) and shared,
+        // and retired (not unmapped) on destruction.
+        unsafe { slot.publish(base + self.rank * stride, bytes) };
         st.next_window += 1;
         Ok(WindowId(id))
     }
@@ -246,13 +185,10 @@ impl<U: UltItf> Windows for ShmCom<U> {
         let mut st = self.coll.lock();
         // Everyone states which window it destroys (u64::MAX: not a live
         // window here), so misuse is reported everywhere alike.
-        let mine = match self.windows.live_slot(id) {
-            Ok(_) => u64::from(id.0),
-            Err(_) => u64::MAX,
-        };
+        let mine = self.windows.slots.destroy_claim(id);
         let all = self.allgather_locked(&mut st, &mine.to_le_bytes())?;
         if mine == u64::MAX {
-            return Err(unknown(id.0));
+            return Err(Error::UnknownWindow { window: id.0 });
         }
         for r in 0..self.size {
             let theirs = u64_at(&all, r);
@@ -270,8 +206,7 @@ impl<U: UltItf> Windows for ShmCom<U> {
         }
         // Every process has entered the call, hence finished its RMA to the
         // window (the rule of `destroy_window`).
-        let slot = &self.windows.slots[id.0 as usize];
-        slot.state.store(DESTROYED, Ordering::Release);
+        self.windows.slots.slot(id.0).retire();
         let mapping = {
             let mut maps = self
                 .windows
@@ -287,14 +222,10 @@ impl<U: UltItf> Windows for ShmCom<U> {
     }
 
     fn local_window(&self, id: WindowId) -> Result<LocalWindow> {
-        let s = self.windows.live_slot(id)?;
-        let base = s.base.load(Ordering::Relaxed) + self.rank * s.stride.load(Ordering::Relaxed);
-        // SAFETY: this is our part of a live window: mapped read-write,
-        // page-aligned, and retired (not unmapped) on destruction.
-        Ok(unsafe { LocalWindow::from_raw(id, base as *mut u8, s.size.load(Ordering::Relaxed)) })
+        self.windows.slots.local_window(id)
     }
 
     fn window_size(&self, id: WindowId) -> Result<usize> {
-        Ok(self.windows.live_slot(id)?.size.load(Ordering::Relaxed))
+        self.windows.slots.window_size(id)
     }
 }

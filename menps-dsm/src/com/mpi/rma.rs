@@ -1,0 +1,228 @@
+//! RMA on MPI: every operation is checked (window, rank, bounds,
+//! alignment) before MPI is called, then made either directly by the
+//! calling thread or offloaded to `ct-delegate`'s offloader (see the
+//! [module docs](super) for when each is used).
+
+use std::os::raw::c_int;
+use std::sync::Arc;
+
+use ::mpi::ffi;
+use ct_delegate::Offloader;
+use ct_worker::UltItf;
+
+use super::device::{Command, Kind, RmaDevice};
+use super::raw::{self, Handle};
+use super::{MpiCom, wait};
+use crate::com::outcome::Outcome;
+use crate::com::{RemotePtr, Request, Result, Rma, check, offload};
+
+/// Where an access goes: (window, target rank, displacement there).
+type Target = (ffi::MPI_Win, c_int, ffi::MPI_Aint);
+
+impl<U: UltItf> MpiCom<U> {
+    /// The offloader, when RMA is offloaded now.
+    #[inline]
+    fn offloading(&self) -> Option<&Arc<Offloader<RmaDevice, U>>> {
+        self.is_offloaded().then_some(&self.offloader)
+    }
+
+    /// Resolves `p` for an access of `len` bytes.
+    #[inline]
+    fn target(&self, p: RemotePtr, len: usize) -> Result<Target> {
+        let (win, disp) = self.windows.resolve(p, len, self.size)?;
+        Ok((win, p.rank() as c_int, disp))
+    }
+
+    /// [`MpiCom::target`] for an atomic, which needs an aligned word.
+    #[inline]
+    fn atomic_target(&self, p: RemotePtr) -> Result<Target> {
+        check::aligned_word(p)?;
+        self.target(p, 8)
+    }
+
+    /// Submits an RMA command to the offloader.
+    fn submit_rma(
+        &self,
+        off: &Arc<Offloader<RmaDevice, U>>,
+        (win, rank, disp): Target,
+        kind: Kind,
+        out: Arc<Outcome>,
+    ) -> Request<U> {
+        let command = Command::Rma {
+            win: Handle(win),
+            rank,
+            disp,
+            kind,
+            out: out.clone(),
+        };
+        offload::submit(off, command, out)
+    }
+
+    /// A read or write of `len` bytes at `p`: offloaded as `kind`, or made
+    /// at once by `direct`.
+    fn transfer_nb(
+        &self,
+        p: RemotePtr,
+        len: usize,
+        kind: Kind,
+        direct: impl FnOnce(Target) -> Result<()>,
+    ) -> Result<Request<U>> {
+        let t = self.target(p, len)?;
+        if len == 0 {
+            return Ok(Request::ready(Ok(0)));
+        }
+        match self.offloading() {
+            Some(off) => Ok(self.submit_rma(off, t, kind, Outcome::new(0, 0))),
+            None => direct(t).map(|()| Request::ready(Ok(0))),
+        }
+    }
+
+    /// An atomic on the word at `p`: offloaded as `kind` with the operands
+    /// in `out`, or made at once by `direct`.
+    fn atomic_nb(
+        &self,
+        p: RemotePtr,
+        kind: Kind,
+        out: impl FnOnce() -> Arc<Outcome>,
+        direct: impl FnOnce(Target) -> Result<u64>,
+    ) -> Result<Request<U>> {
+        let t = self.atomic_target(p)?;
+        match self.offloading() {
+            Some(off) => Ok(self.submit_rma(off, t, kind, out())),
+            None => Ok(Request::ready(direct(t))),
+        }
+    }
+
+    /// Direct read: `MPI_Rget`, polled with `MPI_Test` (yielding), or
+    /// pieces of `MPI_Get` + flush beyond `int` counts.
+    ///
+    /// # Safety
+    /// `dst` valid for writes of `len` bytes.
+    unsafe fn direct_read(
+        &self,
+        (win, rank, disp): Target,
+        dst: *mut u8,
+        len: usize,
+    ) -> Result<()> {
+        if len > raw::MAX_COUNT {
+            // SAFETY: per the contract; the window is live (resolved).
+            return unsafe {
+                raw::get(win, rank, disp, dst, len)?;
+                raw::flush(win, rank)
+            };
+        }
+        // SAFETY: per the contract; the window is live (resolved).
+        let mut req = unsafe { raw::rget(win, rank, disp, dst, len) }?;
+        let mut backoff = wait::backoff();
+        // SAFETY: `req` is active and `dst` stays valid until it completes.
+        while !unsafe { raw::test(&mut req) }? {
+            backoff.snooze(U::yield_now);
+        }
+        Ok(())
+    }
+
+    /// Direct write: `MPI_Put` + `MPI_Win_flush`.
+    ///
+    /// # Safety
+    /// `src` valid for reads of `len` bytes.
+    unsafe fn direct_write(
+        &self,
+        (win, rank, disp): Target,
+        src: *const u8,
+        len: usize,
+    ) -> Result<()> {
+        // SAFETY: per the contract; the window is live (resolved); the flush
+        // completes the put before `src` may change.
+        unsafe {
+            raw::put(win, rank, disp, src, len)?;
+            raw::flush(win, rank)
+        }
+    }
+
+    /// Direct atomic: `issue` starts it (on the window, rank and
+    /// displacement, with where the old word goes), `MPI_Win_flush`
+    /// completes it; returns the old word.
+    ///
+    /// # Safety
+    /// `issue` must start one atomic on the target that writes the old word
+    /// to the given pointer and reads operands that live until this
+    /// returns (the flush completes the atomic).
+    unsafe fn direct_atomic(
+        &self,
+        (win, rank, disp): Target,
+        issue: impl FnOnce(ffi::MPI_Win, c_int, ffi::MPI_Aint, *mut u64) -> Result<()>,
+    ) -> Result<u64> {
+        let mut old = 0u64;
+        issue(win, rank, disp, &mut old)?;
+        // SAFETY: the window is live (resolved); the flush completes the
+        // atomic while `old` (and the caller's operands) are still there.
+        unsafe { raw::flush(win, rank) }?;
+        Ok(old)
+    }
+
+    /// Waits until every offloaded operation issued so far has completed
+    /// (and its completion callback has run).
+    fn drain_offloaded(&self) -> Result<()> {
+        offload::drain(&self.offloader, Command::Flush)
+    }
+}
+
+/// The blocking forms are the trait's: a direct operation's request is
+/// complete when it is returned, so waiting for it costs nothing.
+impl<U: UltItf> Rma for MpiCom<U> {
+    type Request = Request<U>;
+
+    unsafe fn read_nb(&self, src: RemotePtr, dst: *mut u8, len: usize) -> Result<Request<U>> {
+        // SAFETY: forwarded contract.
+        self.transfer_nb(src, len, Kind::Get { dst, len }, |t| unsafe {
+            self.direct_read(t, dst, len)
+        })
+    }
+
+    unsafe fn write_nb(&self, dst: RemotePtr, src: *const u8, len: usize) -> Result<Request<U>> {
+        // SAFETY: forwarded contract.
+        self.transfer_nb(dst, len, Kind::Put { src, len }, |t| unsafe {
+            self.direct_write(t, src, len)
+        })
+    }
+
+    fn compare_and_swap_nb(&self, at: RemotePtr, expected: u64, new: u64) -> Result<Request<U>> {
+        let out = || Outcome::new(new, expected);
+        // SAFETY: the operands live on this stack frame until the flush in
+        // `direct_atomic` has completed the operation.
+        self.atomic_nb(at, Kind::Cas, out, |t| unsafe {
+            self.direct_atomic(t, |w, r, d, old| {
+                raw::compare_and_swap(w, r, d, &new, &expected, old)
+            })
+        })
+    }
+
+    fn fetch_add_nb(&self, at: RemotePtr, delta: u64) -> Result<Request<U>> {
+        // SAFETY: as in `compare_and_swap_nb`.
+        self.atomic_nb(
+            at,
+            Kind::FetchAdd,
+            || Outcome::new(delta, 0),
+            |t| unsafe {
+                self.direct_atomic(t, |w, r, d, old| raw::fetch_add(w, r, d, &delta, old))
+            },
+        )
+    }
+
+    fn flush(&self, rank: usize) -> Result<()> {
+        check::rank(rank, self.size)?;
+        self.drain_offloaded()?;
+        self.windows.for_each_live(|w| {
+            // SAFETY: a live, locked window.
+            unsafe { raw::flush(w, rank as c_int) }
+        })
+    }
+
+    fn flush_all(&self) -> Result<()> {
+        self.drain_offloaded()?;
+        self.windows.for_each_live(|w| {
+            // SAFETY: a live, locked window.
+            unsafe { raw::flush_all(w) }
+        })
+    }
+}

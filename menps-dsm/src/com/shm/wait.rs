@@ -1,0 +1,258 @@
+//! Waiting on shm: polls with short pauses, then yields, then sleeps on the
+//! process's futex doorbell (see the [module docs](super)); every wait also
+//! watches for peers that died or left (the launcher's marks in the control
+//! memory, and `/proc` when the launcher cannot run), and a long wait is
+//! reported by the watchdog.
+
+use std::sync::atomic::{Ordering, fence};
+use std::time::Duration;
+
+use ct_worker::UltItf;
+
+use super::ShmCom;
+use super::control::state;
+use crate::com::wait::{Watch, poll_for};
+use crate::com::{Error, Result};
+
+/// Polls with a short pause in between (about 5 µs in all on this kind of
+/// machine), so that a peer running on another core is seen at once.
+const SPIN_ROUNDS: u32 = 128;
+/// Then yields (each returns at once when nobody else waits for the
+/// processor) for up to about a millisecond before sleeping: a peer a few
+/// tens of microseconds behind — a barrier after uneven work, the next
+/// fork of a short region — is met without a futex wake-up, whose latency
+/// on a virtual machine is tens of microseconds.
+const YIELD_ROUNDS: u32 = 1024;
+/// The same when the job has more processes than the machine has
+/// processors: the peer we wait for may be queued behind us on our own
+/// processor, so the processor is given up almost at once, and for longer
+/// before sleeping (a yield with nobody else runnable returns at once, so
+/// this costs no latency when the peer runs elsewhere).
+const SPIN_ROUNDS_OVERSUBSCRIBED: u32 = 2;
+const YIELD_ROUNDS_OVERSUBSCRIBED: u32 = 256;
+const SLEEP: Duration = Duration::from_millis(1);
+
+/// (Spin rounds, yield rounds) of the waits of a job of `size` processes on
+/// this machine (more processes than processors: the oversubscribed ones).
+pub(super) fn rounds(size: usize) -> (u32, u32) {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if size > cpus {
+        (SPIN_ROUNDS_OVERSUBSCRIBED, YIELD_ROUNDS_OVERSUBSCRIBED)
+    } else {
+        (SPIN_ROUNDS, YIELD_ROUNDS)
+    }
+}
+
+impl<U: UltItf> ShmCom<U> {
+    /// The error a wait must return now, if any (every wait also watches
+    /// for the job's first death).
+    pub(super) fn failure(&self, watch: Watch) -> Option<Error> {
+        if let Some(rank) = self.control.failed_rank() {
+            return Some(Error::PeerDied { rank });
+        }
+        // A process that passed the barrier a wait is in has sent every
+        // signal of it: only one that left before counts.
+        let before = match watch {
+            Watch::AllOthers(barrier) => barrier,
+            Watch::Rank(_) | Watch::AnyOther => None,
+        };
+        let exited = watch
+            .departed(self.rank, self.size, |r| {
+                let slot = self.control.slot(r);
+                let left = slot.state.load(Ordering::Acquire) != state::RUNNING
+                    && before.is_none_or(|epoch| {
+                        let passed = slot.passed.load(Ordering::Acquire);
+                        (passed.wrapping_sub(epoch) as i32) < 0
+                    });
+                left.then(|| u64::from(slot.ended_seq.load(Ordering::Acquire)))
+            })
+            .map(|rank| Error::PeerExited { rank });
+        // The launcher records a death (the `failed` word) before the
+        // process's state: having seen the state, re-read the word, which
+        // the first read above may have missed.
+        exited.map(|e| match self.control.failed_rank() {
+            Some(rank) => Error::PeerDied { rank },
+            None => e,
+        })
+    }
+
+    /// The error for a peer whose socket closed: the process has ended, and
+    /// the launcher records how (death or exit) moments later; wait up to a
+    /// second for that verdict.
+    pub(crate) fn departure_of(&self, rank: usize) -> Error {
+        poll_for::<U, _>(Duration::from_secs(1), 0, || {
+            self.failure(Watch::Rank(rank))
+        })
+        .unwrap_or(Error::PeerExited { rank })
+    }
+
+    /// Polls until `poll` gives a value, an error, or `watch` (or a death in
+    /// the job) says it never will. Backs off: spin, yield, doorbell sleep.
+    /// A wait longer than the watchdog period (`MENPS_WATCHDOG_SECS`) is
+    /// reported once, naming `what` is awaited and any stopped peer (`None`:
+    /// a wait that may last as long as the program likes, such as a server
+    /// waiting for its next request).
+    pub(crate) fn wait_until<T>(
+        &self,
+        watch: Watch,
+        what: Option<&dyn Fn() -> String>,
+        mut poll: impl FnMut() -> Result<Option<T>>,
+    ) -> Result<T> {
+        let mut round = 0u32;
+        let mut asleep_since: Option<std::time::Instant> = None;
+        let mut reported = false;
+        loop {
+            if let Some(v) = poll()? {
+                return Ok(v);
+            }
+            if let Some(e) = self.failure(watch) {
+                // What we wait for may have happened just before the peer left.
+                return poll()?.ok_or(e);
+            }
+            if round < self.spin_rounds {
+                std::hint::spin_loop();
+            } else if round < self.spin_rounds + self.yield_rounds {
+                U::yield_now();
+                // On OS threads `U::yield_now` was the processor's yield.
+                if core::any::TypeId::of::<U>() != core::any::TypeId::of::<ct_worker::OsThreads>() {
+                    std::thread::yield_now();
+                }
+            } else {
+                let since = *asleep_since.get_or_insert_with(std::time::Instant::now);
+                if !reported
+                    && let Some(what) = what
+                    && let Some(period) = crate::launch::watchdog_period()
+                    && since.elapsed() >= period
+                {
+                    let msg = self.report_long_wait(watch, what, period);
+                    reported = true;
+                    if crate::launch::watchdog_fails() {
+                        return Err(Error::Stalled(msg));
+                    }
+                }
+                // Peers are watched here too, not only by the launcher (which
+                // may be stopped or descheduled): every 64 sleeps, about
+                // every 64 ms.
+                if (round - self.spin_rounds - self.yield_rounds).is_multiple_of(64) {
+                    self.watch_peers();
+                }
+                let slot = self.control.slot(self.rank);
+                slot.sleepers.fetch_add(1, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                let bell = slot.doorbell.load(Ordering::SeqCst);
+                let r = poll();
+                if matches!(r, Ok(None)) && self.failure(watch).is_none() {
+                    crate::sys::futex_wait(&slot.doorbell, bell, SLEEP);
+                }
+                slot.sleepers.fetch_sub(1, Ordering::SeqCst);
+                if let Some(v) = r? {
+                    return Ok(v);
+                }
+                // Let other user-level threads of this worker run between
+                // sleeps.
+                U::yield_now();
+            }
+            round = round.saturating_add(1);
+        }
+    }
+
+    /// Records peers that have ended (gone, or zombies their launcher has
+    /// not reaped), from `/proc`, with their exit status: a dead peer is
+    /// detected even when the launcher cannot run.
+    #[cold]
+    fn watch_peers(&self) {
+        for r in (0..self.size).filter(|&r| r != self.rank) {
+            let slot = self.control.slot(r);
+            let pid = slot.pid.load(Ordering::Relaxed);
+            if pid == 0 || slot.state.load(Ordering::Acquire) != state::RUNNING {
+                continue;
+            }
+            match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                // Gone: reaped by our launcher, which records how it ended a
+                // moment later (a process that exited well after its last
+                // barrier was taken for dead when we looked in between), or
+                // by someone else — then it did not end well.
+                Err(_) => {
+                    if !self.verdict_within(r, Duration::from_secs(1)) {
+                        self.control.mark_ended(r, false);
+                    }
+                }
+                Ok(stat) => {
+                    let Some((_, rest)) = stat.rsplit_once(')') else {
+                        continue;
+                    };
+                    let fields: Vec<&str> = rest.split_whitespace().collect();
+                    if matches!(fields.first(), Some(&"Z" | &"X")) {
+                        // Field 52, the wait status (field 3 is fields[0]).
+                        let ok = fields.get(49).and_then(|v| v.parse::<i32>().ok()) == Some(0);
+                        self.control.mark_ended(r, ok);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits up to `limit` for the launcher to record that rank `r` ended;
+    /// whether it did.
+    #[cold]
+    fn verdict_within(&self, r: usize, limit: Duration) -> bool {
+        let slot = self.control.slot(r);
+        poll_for::<U, _>(limit, 0, || {
+            (slot.state.load(Ordering::Acquire) != state::RUNNING).then_some(())
+        })
+        .is_some()
+    }
+
+    /// The watchdog's report: this process has waited `period` for `what`
+    /// from the peers of `watch`; peers that are stopped (`SIGSTOP`, a
+    /// debugger) are named, since they are the usual reason.
+    #[cold]
+    fn report_long_wait(
+        &self,
+        watch: Watch,
+        what: &dyn Fn() -> String,
+        period: Duration,
+    ) -> String {
+        let peers: Vec<usize> = match watch {
+            Watch::Rank(r) => vec![r],
+            Watch::AllOthers(_) | Watch::AnyOther => {
+                (0..self.size).filter(|&r| r != self.rank).collect()
+            }
+        };
+        let stopped: Vec<String> = peers
+            .iter()
+            .filter_map(|&r| {
+                let pid = self.control.slot(r).pid.load(Ordering::Relaxed);
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                // The state follows the command name's closing parenthesis.
+                let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
+                matches!(state, 'T' | 't').then(|| format!("rank {r} (pid {pid}) is stopped"))
+            })
+            .collect();
+        let whom = match watch {
+            Watch::Rank(r) => format!("rank {r}"),
+            Watch::AllOthers(_) => "every other rank".to_string(),
+            Watch::AnyOther => "any other rank".to_string(),
+        };
+        let mut msg = format!(
+            "rank {} has waited {:.0} s for {whom} ({})",
+            self.rank,
+            period.as_secs_f64(),
+            what()
+        );
+        if !stopped.is_empty() {
+            msg.push_str(": ");
+            msg.push_str(&stopped.join(", "));
+        }
+        let going_on = if crate::launch::watchdog_fails() {
+            "giving up"
+        } else {
+            "still waiting"
+        };
+        // One write, so that other processes' output cannot split the line.
+        let line = format!("menps: {msg}; {going_on}\n");
+        use std::io::Write;
+        let _ = std::io::stderr().write_all(line.as_bytes());
+        msg
+    }
+}
