@@ -546,20 +546,27 @@ impl<U: UltItf> JoinJob for ShmCom<U> {
 
 impl<U: UltItf> JoinJob for crate::com::AnyCom<U> {
     const RELAUNCHABLE: bool = true;
+    /// Joins the job's backend, inside the network model when the
+    /// environment asks for one ([`AnyCom::with_env_net_model`](crate::com::AnyCom::with_env_net_model)).
     fn join_job() -> Result<Self> {
-        if in_job() {
-            return join_shm().map(crate::com::AnyCom::Shm);
-        }
-        if under_mpirun() {
-            #[cfg(feature = "mpi")]
-            return crate::com::MpiCom::init().map(crate::com::AnyCom::Mpi);
-            #[cfg(not(feature = "mpi"))]
-            return Err(mpirun_without_mpi_support(
-                "menps-dsm was built without the `mpi` cargo feature",
-            ));
-        }
-        join_shm().map(crate::com::AnyCom::Shm)
+        join_any()?.with_env_net_model()
     }
+}
+
+/// Joins the job's backend as an [`AnyCom`](crate::com::AnyCom).
+fn join_any<U: UltItf>() -> Result<crate::com::AnyCom<U>> {
+    if in_job() {
+        return join_shm().map(crate::com::AnyCom::Shm);
+    }
+    if under_mpirun() {
+        #[cfg(feature = "mpi")]
+        return crate::com::MpiCom::init().map(crate::com::AnyCom::Mpi);
+        #[cfg(not(feature = "mpi"))]
+        return Err(mpirun_without_mpi_support(
+            "menps-dsm was built without the `mpi` cargo feature",
+        ));
+    }
+    join_shm().map(crate::com::AnyCom::Shm)
 }
 
 #[cfg(feature = "mpi")]
