@@ -65,11 +65,13 @@
 //! # Waiting
 //!
 //! A blocking operation waits for its modelled completion in the caller:
-//! the last [`SPIN_NS`] by spinning, before that with the workspace's
-//! [`Backoff`] (a user-level thread yields to its worker's other threads;
-//! an OS thread yields its processor and, for long waits, parks for at most
-//! 200 µs at a time; a worker never sleeps). So a wait may end later than
-//! modelled, never earlier.
+//! the last [`SPIN_NS`] (5 µs) by spinning, before that with the
+//! workspace's [`Backoff`]: a user-level thread yields to its worker's
+//! other threads, an OS thread yields its processor; while more than
+//! [`PARK_NS`] (500 µs) are left an OS thread that is not a worker parks
+//! for at most 200 µs at a time (a worker never sleeps). So a wait may end
+//! later than modelled (on a loaded machine, by the time the processor is
+//! elsewhere), never earlier.
 //!
 //! An asynchronous operation (`read_nb`, …) returns a pending [`Request`]
 //! that completes at its modelled time (or when the backend's completes,
@@ -106,6 +108,10 @@ use super::{
 /// The last stretch of a modelled wait, in nanoseconds, that is spun
 /// instead of yielded (a yield or a park may overshoot by more).
 pub const SPIN_NS: u64 = 5_000;
+
+/// Time left, in nanoseconds, below which a modelled wait only yields (a
+/// park's wake-up is late by the timer slack, about 50 µs).
+pub const PARK_NS: u64 = 500_000;
 
 /// Yield rounds of a waiting OS thread before it parks.
 const YIELDS_BEFORE_PARK: u32 = 64;
@@ -489,12 +495,16 @@ impl<C: Comm, U: UltItf> NetCom<C, U> {
             return;
         }
         let mut now = start;
-        let mut backoff = Backoff::parking(YIELDS_BEFORE_PARK);
+        let mut yielding = Backoff::new();
+        let mut parking = Backoff::parking(YIELDS_BEFORE_PARK);
         while now < deadline {
-            if deadline - now <= SPIN_NS {
+            let left = deadline - now;
+            if left <= SPIN_NS {
                 core::hint::spin_loop();
+            } else if left < PARK_NS {
+                yielding.snooze(U::yield_now);
             } else {
-                backoff.snooze(U::yield_now);
+                parking.snooze(U::yield_now);
             }
             now = self.clock.now();
         }
