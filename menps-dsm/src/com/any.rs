@@ -36,6 +36,9 @@ use super::{
 /// [module docs](self).
 #[derive(Debug)]
 #[non_exhaustive]
+// The backends stay inline (no indirection on their calls); only the network
+// model, which contains an `AnyCom`, is boxed.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyCom<U: UltItf = Ult> {
     /// The embedded shm backend (job started by a menps launcher).
     Shm(ShmCom<U>),
