@@ -243,7 +243,8 @@ pub struct Traffic {
     pub coll_bytes: u64,
     /// Windows created or destroyed.
     pub window_ops: u64,
-    /// Nanoseconds callers waited for the model (all threads together).
+    /// Nanoseconds callers waited for the model (all threads together):
+    /// the modelled costs less the backend's own time, which overlaps them.
     pub delay_ns: u64,
 }
 
@@ -1109,7 +1110,9 @@ mod tests {
             (1, 5, 1, 5, 2)
         );
         assert_eq!((tr.msgs_sent, tr.msgs_received, tr.barriers), (1, 1, 1));
-        assert!(tr.delay_ns >= 18_000_000, "{tr}");
+        // 18 ms modelled, less the time of the backend's own operations,
+        // which overlaps (well under 1 ms on shm).
+        assert!(tr.delay_ns >= 17_000_000, "{tr}");
         com.destroy_window(w).unwrap();
     }
 
