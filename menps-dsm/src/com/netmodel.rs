@@ -1179,8 +1179,10 @@ mod tests {
         let t = Instant::now();
         let r = com.fetch_add_nb(w.at(0, 0), 7).unwrap();
         // The request is not complete before its 6 ms.
-        let early = t.elapsed() < ms(5);
+        // (Completion looked at first: if it was complete, at least 6 ms
+        // had passed, and so have they when `early` is computed.)
         let complete = r.is_complete();
+        let early = t.elapsed() < ms(5);
         assert!(!(early && complete), "complete after {:?}", t.elapsed());
         assert_eq!(r.wait(), Ok(0));
         assert!(t.elapsed() >= ms(6), "{:?}", t.elapsed());
