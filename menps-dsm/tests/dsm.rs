@@ -337,6 +337,9 @@ fn job_with(
 ) -> JobRun {
     let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
     entry_args(&mut cmd);
+    for v in NET_VARS {
+        cmd.env_remove(v);
+    }
     cmd.env(SCENARIO, scenario)
         .env("MENPS_NPROCS", nprocs.to_string())
         .envs(dsm_policy_env(policy))

@@ -143,6 +143,9 @@ fn scenario_bandwidth(com: &AnyCom<OsThreads>) {
 fn job(scenario: &str, nprocs: usize, env: &[(&str, &str)]) -> JobRun {
     let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
     entry_args(&mut cmd);
+    for v in NET_VARS {
+        cmd.env_remove(v);
+    }
     cmd.env(SCENARIO, scenario)
         .env("MENPS_NPROCS", nprocs.to_string())
         .envs(env.iter().copied());
