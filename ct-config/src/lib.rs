@@ -18,6 +18,7 @@
 //! | size | `4096`, `64k`, `1M`, `2G`, `1MiB`, `64kb`, `512B`: binary multiples `k`/`M`/`G`/`T` (2^10 .. 2^40), letters case-insensitive, optionally followed by `B` or `iB` |
 //! | count | decimal digits, within the variable's range |
 //! | duration | `500us`, `10ms`, `2s`, `1.5s` (units `ns`, `us`, `ms`, `s`, lower case); a bare number is in the unit the variable's name ends with (`MENPS_GRACE_MS=2000`) |
+//! | rate | `10Gbit`, `100Gbit`, `800Mbit`, `2.5Gbit/s`, `25Gbps` (bits per second; decimal multiples `k`/`M`/`G`/`T`, case-insensitive; a unit is required) |
 //! | boolean | `1`, `true`, `yes`, `on` / `0`, `false`, `no`, `off` (case-insensitive) |
 //! | choice | one of the variable's names (case-insensitive) |
 //!

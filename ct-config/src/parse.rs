@@ -1,4 +1,5 @@
-//! The value parsers: sizes, counts, durations, booleans and choices.
+//! The value parsers: sizes, counts, durations, link rates, booleans and
+//! choices.
 //!
 //! Each returns `None` for a value it does not accept; [`Var`](crate::Var)
 //! turns that into an [`Error`](crate::Error) naming the variable and the
@@ -109,6 +110,46 @@ pub fn duration(s: &str, bare: Option<Unit>) -> Option<Duration> {
         return None;
     }
     Some(Duration::from_nanos(nanos.round() as u64))
+}
+
+/// Parses a link rate in bits per second: a decimal number (digits,
+/// optionally a `.` and more digits) and a unit `bit`, `kbit`, `Mbit`,
+/// `Gbit` or `Tbit`, optionally followed by `/s` (`10Gbit`, `100Gbit`,
+/// `800Mbit`, `2.5Gbit/s`); also `bps`, `kbps`, `Mbps`, `Gbps`, `Tbps`.
+/// Multiples are decimal, as link rates are (`10Gbit` is 10^10 bit/s), and
+/// case-insensitive; spaces may separate the number from its unit. A unit
+/// is required, so that bits are never mistaken for bytes. `None` for
+/// anything else, for 0, and past 10^18 bit/s.
+pub fn bit_rate(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let num_end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(num_end);
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty() || (num.contains('.') && frac.is_empty()) || frac.contains('.') {
+        return None;
+    }
+    let unit = unit.trim_start().to_ascii_lowercase();
+    let unit = unit.strip_suffix("/s").unwrap_or(&unit);
+    let (prefix, rest) = unit.split_at(unit.find('b')?);
+    if rest != "bit" && rest != "bps" {
+        return None;
+    }
+    let mult = match prefix {
+        "" => 1.0,
+        "k" => 1e3,
+        "m" => 1e6,
+        "g" => 1e9,
+        "t" => 1e12,
+        _ => return None,
+    };
+    let value: f64 = num.parse().ok()?;
+    let bits = value * mult;
+    if !(1.0..=1e18).contains(&bits) {
+        return None;
+    }
+    Some(bits.round() as u64)
 }
 
 /// Parses a boolean: `1`, `true`, `yes`, `on` or `0`, `false`, `no`, `off`

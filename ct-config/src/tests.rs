@@ -128,6 +128,39 @@ fn durations() {
 }
 
 #[test]
+fn rates() {
+    let ok: &[(&str, u64)] = &[
+        ("10Gbit", 10_000_000_000),
+        ("100Gbit", 100_000_000_000),
+        ("800Mbit", 800_000_000),
+        ("800mbit", 800_000_000),
+        (" 2.5Gbit/s ", 2_500_000_000),
+        ("25Gbps", 25_000_000_000),
+        ("1 kbit", 1000),
+        ("9600bit", 9600),
+        ("1Tbit", 1_000_000_000_000),
+    ];
+    for &(s, bits) in ok {
+        assert_eq!(parse::bit_rate(s), Some(bits), "{s:?}");
+    }
+    for s in [
+        "", "10", "10G", "10GB", "10GiB", "fast", "0Gbit", "Gbit", "1.Gbit", "1..5Gbit", "-1Gbit",
+        "10Xbit", "1e3Gbit", "10Gbit/h",
+    ] {
+        assert_eq!(parse::bit_rate(s), None, "{s:?}");
+    }
+    let v = test_var("CT_TEST_RATE", Kind::Rate);
+    set("CT_TEST_RATE", "100Gbit");
+    assert_eq!(v.rate(), Ok(Some(100_000_000_000)));
+    set("CT_TEST_RATE", "100");
+    let e = v.rate().unwrap_err().to_string();
+    assert!(
+        e.starts_with("CT_TEST_RATE=\"100\" is not valid: expected a link rate"),
+        "{e}"
+    );
+}
+
+#[test]
 fn booleans() {
     for s in [
         "1", "true", "TRUE", "True", "yes", "YES", "on", "On", " on ",
@@ -267,6 +300,7 @@ fn every_error_message() {
             Kind::Size { .. } => var.size().map(drop),
             Kind::Count { .. } => var.count().map(drop),
             Kind::Duration { .. } => var.duration().map(drop),
+            Kind::Rate => var.rate().map(drop),
             Kind::Bool => var.flag().map(drop),
             Kind::Choice(_) => var.choice().map(drop),
             Kind::Text | Kind::Custom(_) => var.text().map(drop),

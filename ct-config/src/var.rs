@@ -26,6 +26,8 @@ pub enum Kind {
         /// Unit of a bare number (`None`: a unit is required).
         bare: Option<Unit>,
     },
+    /// A link rate in bits per second ([`parse::bit_rate`]).
+    Rate,
     /// A boolean ([`parse::boolean`]).
     Bool,
     /// One of the names ([`parse::choice`]).
@@ -57,6 +59,10 @@ impl Kind {
                     None => String::new(),
                 }
             ),
+            Kind::Rate => "a link rate such as 10Gbit, 100Gbit, 800Mbit or 2.5Gbit/s \
+                 (units bit, kbit, Mbit, Gbit, Tbit or bps, kbps, Mbps, Gbps, Tbps; decimal \
+                 multiples, case-insensitive; a unit is required)"
+                .into(),
             Kind::Bool => "one of 1, 0, true, false, yes, no, on, off".into(),
             Kind::Choice(names) => format!("one of {}", names.join(", ")),
             Kind::Text => "a non-empty value".into(),
@@ -71,6 +77,7 @@ impl Kind {
             Kind::Size { bare_unit } => parse::size(value, bare_unit).is_some(),
             Kind::Count { min, max } => parse::count(value, min, max).is_some(),
             Kind::Duration { bare } => parse::duration(value, bare).is_some(),
+            Kind::Rate => parse::bit_rate(value).is_some(),
             Kind::Bool => parse::boolean(value).is_some(),
             Kind::Choice(names) => parse::choice(value, names).is_some(),
             Kind::Text | Kind::Custom(_) => !value.trim().is_empty(),
@@ -262,6 +269,12 @@ impl Var {
             panic!("{} is not a duration", self.name)
         };
         self.parse_with(|s| parse::duration(s, bare))
+    }
+
+    /// A [`Kind::Rate`] variable, in bits per second.
+    pub fn rate(&self) -> Result<Option<u64>, Error> {
+        assert!(self.kind == Kind::Rate, "{} is not a rate", self.name);
+        self.parse_with(parse::bit_rate)
     }
 
     /// A [`Kind::Bool`] variable.

@@ -293,6 +293,25 @@ pub const MENPS_DSM_STACKS: Var = var(
     "call stacks each process can have at once (0: none)",
 );
 
+// menps-dsm: the network model (`com::netmodel`)
+
+/// One-way latency the network model adds to every communication.
+pub const MENPS_NET_LATENCY: Var = var(
+    "MENPS_NET_LATENCY",
+    Kind::Duration { bare: None },
+    "(none: no model)",
+    "menps-dsm",
+    "model a network: one-way latency added to every remote operation (25us: Ethernet, 2us: InfiniBand)",
+);
+/// Link rate the network model caps transfers at.
+pub const MENPS_NET_BANDWIDTH: Var = var(
+    "MENPS_NET_BANDWIDTH",
+    Kind::Rate,
+    "(none: no cap)",
+    "menps-dsm",
+    "model a network: link rate every transfer is capped at (10Gbit, 100Gbit)",
+);
+
 // menps-dsm: the mpi backend
 
 /// Route MPI calls through the offloader.
@@ -476,6 +495,8 @@ pub const ALL: &[Var] = &[
     MENPS_DSM_MUTEXES,
     MENPS_DSM_STACK_SIZE,
     MENPS_DSM_STACKS,
+    MENPS_NET_LATENCY,
+    MENPS_NET_BANDWIDTH,
     MENPS_MPI_OFFLOAD,
     MENPS_MPI_PROGRESS_US,
     MENPS_MPI_WINDOWS,

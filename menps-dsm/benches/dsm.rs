@@ -10,12 +10,21 @@
 //! with `mpirun --oversubscribe -n P` instead and runs on the MPI backend;
 //! its lines name the implementation with a `-mpi` suffix (`menps-mpi`,
 //! `comm-barrier-mpi`, ...).
+//!
+//! Over a modelled network (`MENPS_NET_LATENCY`, `MENPS_NET_BANDWIDTH`; see
+//! `com::netmodel`), set in the driver's environment and passed on to the
+//! jobs, every line's params carry `net_latency_us` and `net_bandwidth_gbit`
+//! (0: uncapped), and the `dsm-barrier` and `read` lines the communication
+//! operations one operation took (`com_rma_per_op`: one-sided reads, writes
+//! and atomics; `com_msgs_per_op`: messages sent; `com_colls_per_op`:
+//! collectives) — on rank 0 for barriers, on the reading rank 1 for reads.
+//! `MENPS_STATS=1` adds the counts without a model.
 
 use std::process::Command;
 
 use ct_bench::{Args, Param, Stats, emit, repeat, time_secs};
 use ct_worker::OsThreads;
-use menps_dsm::com::{AnyCom, Coll};
+use menps_dsm::com::{AnyCom, Coll, Comm, Traffic};
 use menps_dsm::dsm::allocator::in_dsm_context;
 use menps_dsm::dsm::team::{Team, TeamThread};
 use menps_dsm::dsm::{Dsm, DsmAllocator};
@@ -53,6 +62,9 @@ dsm-alloc      malloc/free pairs of 64 B and 4 KiB through DsmAllocator from a
                thread in DSM context (ns per pair); baseline: the system
                allocator in the same run. Every process measures at once.
 --backend mpi  start the jobs with mpirun (needs the `mpi` feature).
+MENPS_NET_LATENCY=25us MENPS_NET_BANDWIDTH=10Gbit (environment): run over a
+               modelled network; the lines carry the model and the
+               communication operations per operation.
 Targets (2 processes): barrier <= 5 us whatever the DSM size; false sharing
 <= 60 us at every stripe; read >= 2000 MB/s at 1 and 16 MiB, >= 400 MB/s at
 4 KiB; with 4 processes every figure >= 2x better than ArgoDSM's; fork-join
@@ -160,6 +172,11 @@ fn drive(args: &Args) {
                     for k in [CHILD].iter().chain(vars.iter().map(|(k, _)| k)) {
                         c.args(["-x", k]);
                     }
+                    for k in ["MENPS_NET_LATENCY", "MENPS_NET_BANDWIDTH", "MENPS_STATS"] {
+                        if std::env::var_os(k).is_some() {
+                            c.args(["-x", k]);
+                        }
+                    }
                     c.arg(&exe);
                     c
                 } else {
@@ -244,6 +261,16 @@ impl Bench<'_> {
         if self.dsm.rank() == 0 {
             let mut p: Vec<(&str, Param)> = vec![("procs", self.dsm.nprocs().into())];
             p.extend(params.iter().cloned());
+            if let Some(t) = self.dsm.com().traffic() {
+                p.push((
+                    "net_latency_us",
+                    Param::Float(t.model.latency.as_secs_f64() * 1e6),
+                ));
+                p.push((
+                    "net_bandwidth_gbit",
+                    Param::Float(t.model.bandwidth.map_or(0.0, |b| b as f64 / 1e9)),
+                ));
+            }
             emit(
                 "menps-dsm",
                 bench,
@@ -253,6 +280,25 @@ impl Bench<'_> {
                 s,
             );
         }
+    }
+
+    /// The communication operations per operation between two snapshots
+    /// of this process's counters, as params (none without counters).
+    fn per_op(
+        before: Option<Traffic>,
+        after: Option<Traffic>,
+        ops: usize,
+    ) -> Vec<(&'static str, Param)> {
+        let (Some(b), Some(a)) = (before, after) else {
+            return Vec::new();
+        };
+        let d = a.since(&b);
+        let per = |n: u64| Param::Float(n as f64 / ops.max(1) as f64);
+        vec![
+            ("com_rma_per_op", per(d.rma_ops())),
+            ("com_msgs_per_op", per(d.msgs_sent)),
+            ("com_colls_per_op", per(d.collectives())),
+        ]
     }
 
     /// A figure measured on every process and agreed on: each run's value is
@@ -276,16 +322,19 @@ impl Bench<'_> {
             "us",
             &plain,
         );
+        let counted = |k: usize| {
+            let before = com.traffic();
+            (0..k).for_each(|_| self.dsm.barrier().unwrap());
+            Self::per_op(before, com.traffic(), k)
+        };
         let empty = self.agreed(|| {
             time_secs(|| (0..n).for_each(|_| self.dsm.barrier().unwrap())) * 1e6 / n as f64
         });
-        self.emit(
-            "dsm-barrier",
-            "menps",
-            &[("dsm_bytes", 0usize.into())],
-            "us",
-            &empty,
-        );
+        // Counted after the timed runs: the steady state they measured.
+        let counts = counted(n.min(100));
+        let mut params = vec![("dsm_bytes", 0usize.into())];
+        params.extend(counts);
+        self.emit("dsm-barrier", "menps", &params, "us", &empty);
         // 1 GiB of segments, some of it used.
         let gib = 1usize << 30;
         let p = self.dsm.alloc_segment(gib, 32 * 1024).unwrap();
@@ -308,13 +357,10 @@ impl Bench<'_> {
         let big = self.agreed(|| {
             time_secs(|| (0..n).for_each(|_| self.dsm.barrier().unwrap())) * 1e6 / n as f64
         });
-        self.emit(
-            "dsm-barrier",
-            "menps",
-            &[("dsm_bytes", gib.into())],
-            "us",
-            &big,
-        );
+        let counts = counted(n.min(100));
+        let mut params = vec![("dsm_bytes", gib.into())];
+        params.extend(counts);
+        self.emit("dsm-barrier", "menps", &params, "us", &big);
         if self.dsm.rank() == 0 {
             eprintln!(
                 "dsm-barrier: {:.2} us empty, {:.2} us with 1 GiB (comm barrier {:.2} us); target <= 5 us",
@@ -349,6 +395,8 @@ impl Bench<'_> {
             for &s in sizes {
                 let words = s / 8;
                 let mut round = 0u64;
+                // Rank 1's operations in its last read phase.
+                let mut counts = [0u64; 3];
                 let st = self.agreed(|| {
                     round += 1;
                     if me == 0 {
@@ -361,6 +409,7 @@ impl Bench<'_> {
                     let mut mbs = 0.0;
                     if me == 1 {
                         let mut sum = 0u64;
+                        let before = self.dsm.com().traffic();
                         let t = time_secs(|| {
                             for i in 0..words {
                                 // SAFETY: written before the barrier.
@@ -370,20 +419,32 @@ impl Bench<'_> {
                         let want = (0..words as u64).fold(0u64, |a, i| a.wrapping_add(round + i));
                         assert_eq!(sum, want, "read bench: wrong data");
                         mbs = s as f64 / t / 1e6;
+                        if let (Some(b), Some(a)) = (before, self.dsm.com().traffic()) {
+                            let d = a.since(&b);
+                            counts = [d.rma_ops(), d.msgs_sent, d.collectives()];
+                        }
                     }
                     self.dsm.barrier().unwrap();
-                    // Rank 1's figure, sent to rank 0.
-                    let mut v = mbs.to_le_bytes();
+                    // Rank 1's figure and counts, sent to rank 0.
+                    let mut v = [0u8; 32];
+                    v[..8].copy_from_slice(&mbs.to_le_bytes());
+                    for (i, c) in counts.iter().enumerate() {
+                        v[8 + 8 * i..16 + 8 * i].copy_from_slice(&c.to_le_bytes());
+                    }
                     self.dsm.com().broadcast(1, &mut v).unwrap();
-                    f64::from_le_bytes(v)
+                    for (i, c) in counts.iter_mut().enumerate() {
+                        *c = u64::from_le_bytes(v[8 + 8 * i..16 + 8 * i].try_into().unwrap());
+                    }
+                    f64::from_le_bytes(v[..8].try_into().unwrap())
                 });
-                self.emit(
-                    "read",
-                    "menps",
-                    &[("size", s.into()), ("block", bs.into())],
-                    "MB/s",
-                    &st,
-                );
+                let mut params = vec![("size", s.into()), ("block", bs.into())];
+                if self.dsm.com().traffic().is_some() {
+                    let names = ["com_rma_per_op", "com_msgs_per_op", "com_colls_per_op"];
+                    for (name, c) in names.into_iter().zip(counts) {
+                        params.push((name, Param::Float(c as f64)));
+                    }
+                }
+                self.emit("read", "menps", &params, "MB/s", &st);
             }
         }
     }

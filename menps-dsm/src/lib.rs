@@ -18,6 +18,9 @@
 //!   Cargo features add the `mpi` backend (`com::MpiCom`, MPI-3 RMA under
 //!   `mpirun`) and the `verbs` backend (`com::VerbsCom`, InfiniBand / RoCE
 //!   RC queue pairs); [`com::AnyCom`] is whichever backend the job runs on.
+//!   [`com::netmodel`] runs any of them as if over a network of a given
+//!   latency and link rate (`MENPS_NET_LATENCY`, `MENPS_NET_BANDWIDTH`) and
+//!   counts their operations.
 //! - [`launch`] starts a job: a library call that re-executes the current
 //!   program N times ([`launch::init_or_relaunch`]), and the `menps` binary
 //!   (`menps run -n 4 -- ./prog args`). When any process dies, the others
@@ -52,7 +55,8 @@
 //! - [`com`]: the communication traits ([`com::Comm`], [`com::Windows`],
 //!   [`com::Rma`], [`com::P2p`], [`com::Coll`], [`com::Communicator`]), the
 //!   backends ([`com::ShmCom`], [`com::AnyCom`]; `MpiCom` and `VerbsCom`
-//!   with their features), fat pointers, requests and [`com::Error`].
+//!   with their features), the network model ([`com::NetCom`]), fat
+//!   pointers, requests and [`com::Error`].
 //! - [`launch`]: starting and joining jobs ([`launch::init_or_relaunch`],
 //!   [`launch::Builder`], [`launch::run_job`], [`launch::report_failure`])
 //!   and the names of the environment variables ([`launch::env`]).

@@ -15,6 +15,10 @@
 //! # Ok::<(), menps_dsm::com::Error>(())
 //! ```
 //!
+//! [`AnyCom::Net`] is one of them inside the [network model](super::netmodel)
+//! (`MENPS_NET_LATENCY`, `MENPS_NET_BANDWIDTH` or `MENPS_STATS` set when the
+//! process joined).
+//!
 //! Every call is one `match` on the variant, then the backend's own
 //! (monomorphised) code; both backends use the same [`Request`] type, so
 //! asynchronous operations need no dispatch at all.
@@ -24,20 +28,25 @@ use ct_worker::{Ult, UltItf};
 #[cfg(feature = "mpi")]
 use super::MpiCom;
 use super::{
-    Coll, Comm, LocalWindow, P2p, RemotePtr, Request, Result, Rma, ShmCom, Source, Tag, WindowId,
-    Windows,
+    Coll, Comm, LocalWindow, NetCom, P2p, RemotePtr, Request, Result, Rma, ShmCom, Source, Tag,
+    Traffic, WindowId, Windows,
 };
 
 /// A communicator of any backend this build supports; see the
 /// [module docs](self).
 #[derive(Debug)]
 #[non_exhaustive]
+// The backends stay inline (no indirection on their calls); only the network
+// model, which contains an `AnyCom`, is boxed.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyCom<U: UltItf = Ult> {
     /// The embedded shm backend (job started by a menps launcher).
     Shm(ShmCom<U>),
     /// The MPI backend (job started by `mpirun`).
     #[cfg(feature = "mpi")]
     Mpi(MpiCom<U>),
+    /// Another variant delayed and counted by a network model.
+    Net(Box<NetCom<AnyCom<U>, U>>),
 }
 
 /// Runs `$body` with `$c` bound to the backend inside `$self`.
@@ -47,34 +56,48 @@ macro_rules! dispatch {
             AnyCom::Shm($c) => $body,
             #[cfg(feature = "mpi")]
             AnyCom::Mpi($c) => $body,
+            AnyCom::Net($c) => $body,
         }
     };
 }
 
 impl<U: UltItf> AnyCom<U> {
-    /// `"shm"` or `"mpi"`.
+    /// `"shm"` or `"mpi"` (under a network model: the backend's).
     pub fn backend_name(&self) -> &'static str {
         match self {
             AnyCom::Shm(_) => "shm",
             #[cfg(feature = "mpi")]
             AnyCom::Mpi(_) => "mpi",
+            AnyCom::Net(c) => c.inner().backend_name(),
         }
     }
 
-    /// The shm communicator, if that is the backend.
+    /// The shm communicator, if that is the backend (under a network model
+    /// too).
     pub fn as_shm(&self) -> Option<&ShmCom<U>> {
         match self {
             AnyCom::Shm(c) => Some(c),
+            AnyCom::Net(c) => c.inner().as_shm(),
             #[cfg(feature = "mpi")]
             _ => None,
         }
     }
 
-    /// The MPI communicator, if that is the backend.
+    /// The MPI communicator, if that is the backend (under a network model
+    /// too).
     #[cfg(feature = "mpi")]
     pub fn as_mpi(&self) -> Option<&MpiCom<U>> {
         match self {
             AnyCom::Mpi(c) => Some(c),
+            AnyCom::Net(c) => c.inner().as_mpi(),
+            _ => None,
+        }
+    }
+
+    /// The network model, if the backend runs under one.
+    pub fn as_net(&self) -> Option<&NetCom<AnyCom<U>, U>> {
+        match self {
+            AnyCom::Net(c) => Some(c),
             _ => None,
         }
     }
@@ -101,6 +124,9 @@ impl<U: UltItf> Comm for AnyCom<U> {
     #[inline]
     fn size(&self) -> usize {
         dispatch!(self, c => c.size())
+    }
+    fn traffic(&self) -> Option<Traffic> {
+        dispatch!(self, c => c.traffic())
     }
 }
 

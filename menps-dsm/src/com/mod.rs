@@ -20,6 +20,9 @@
 //! [`shm`] backend completes every operation before returning; the traits do
 //! not rely on that.
 //!
+//! [`netmodel`] decorates any of them with a modelled network's latency and
+//! link rate, and counts their operations ([`Comm::traffic`]).
+//!
 //! Failures are fail-stop: once a process of the job dies, every blocking
 //! call everywhere returns [`Error::PeerDied`] naming it.
 
@@ -30,6 +33,7 @@ pub(crate) mod inbox;
 pub(crate) mod mailbox;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod netmodel;
 #[cfg(any(feature = "mpi", feature = "verbs"))]
 pub(crate) mod offload;
 #[cfg(any(feature = "mpi", feature = "verbs"))]
@@ -48,6 +52,7 @@ pub use any::AnyCom;
 pub use error::{Error, Result};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiCom;
+pub use netmodel::{NetCom, NetModel, Traffic};
 pub use ptr::{RemotePtr, WindowId};
 pub use request::{Completer, Request};
 pub use shm::ShmCom;
@@ -63,6 +68,11 @@ pub trait Comm: Send + Sync {
     fn rank(&self) -> usize;
     /// Number of processes in the job.
     fn size(&self) -> usize;
+    /// This process's communication counters, if they are kept (by a
+    /// [`NetCom`]; backends keep none).
+    fn traffic(&self) -> Option<Traffic> {
+        None
+    }
 }
 
 /// Registration of memory that every process can access one-sidedly.

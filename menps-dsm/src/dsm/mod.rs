@@ -471,7 +471,12 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
             .and_then(|()| Ok(self.com().barrier()?));
         if self.config().print_stats {
             // One write, so that the lines of several processes do not mix.
-            let line = format!("menps: process {}: {}\n", self.rank(), self.space.stats());
+            let mut line = format!("menps: process {}: {}\n", self.rank(), self.space.stats());
+            // The communication layer's counters, when it keeps them (a
+            // network model, `MENPS_STATS` set as the job joined).
+            if let Some(t) = self.com().traffic() {
+                line += &format!("menps: process {}: com: {t}\n", self.rank());
+            }
             let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         }
         fault::unregister();

@@ -78,6 +78,7 @@
 //! | `MENPS_WATCHDOG_FAIL` | `1`: such a wait fails with `Error::Stalled` instead of going on | `0` |
 //! | `MENPS_RING_BYTES` | p2p ring per ordered pair of processes (power of two ≥ 128 KiB) | `131072` |
 //! | `MENPS_COLL_CHUNK_BYTES` | collective scratch per process and step | `65536` |
+//! | `MENPS_NET_LATENCY`, `MENPS_NET_BANDWIDTH` | a process joining as [`AnyCom`](crate::com::AnyCom) runs its backend inside the network model ([`crate::com::netmodel`]) of this one-way latency (`25us`) and link rate (`10Gbit`) | none |
 //! | `MENPS_MPIRUN` | `mpirun` command of `--backend mpi` | `mpirun` |
 //! | `OMPI_MCA_osc` | (mpi) OpenMPI's one-sided component; values selecting `rdma` or `pt2pt` are refused | set to `sm,ucx` when unset |
 //! | `MENPS_MPI_OFFLOAD` | (mpi) `1`: RMA through `ct-delegate`'s offloading; `0`: direct MPI calls | `1` for user-level threads in a job across machines, else `0` |
@@ -546,20 +547,27 @@ impl<U: UltItf> JoinJob for ShmCom<U> {
 
 impl<U: UltItf> JoinJob for crate::com::AnyCom<U> {
     const RELAUNCHABLE: bool = true;
+    /// Joins the job's backend, inside the network model when the
+    /// environment asks for one ([`AnyCom::with_env_net_model`](crate::com::AnyCom::with_env_net_model)).
     fn join_job() -> Result<Self> {
-        if in_job() {
-            return join_shm().map(crate::com::AnyCom::Shm);
-        }
-        if under_mpirun() {
-            #[cfg(feature = "mpi")]
-            return crate::com::MpiCom::init().map(crate::com::AnyCom::Mpi);
-            #[cfg(not(feature = "mpi"))]
-            return Err(mpirun_without_mpi_support(
-                "menps-dsm was built without the `mpi` cargo feature",
-            ));
-        }
-        join_shm().map(crate::com::AnyCom::Shm)
+        join_any()?.with_env_net_model()
     }
+}
+
+/// Joins the job's backend as an [`AnyCom`](crate::com::AnyCom).
+fn join_any<U: UltItf>() -> Result<crate::com::AnyCom<U>> {
+    if in_job() {
+        return join_shm().map(crate::com::AnyCom::Shm);
+    }
+    if under_mpirun() {
+        #[cfg(feature = "mpi")]
+        return crate::com::MpiCom::init().map(crate::com::AnyCom::Mpi);
+        #[cfg(not(feature = "mpi"))]
+        return Err(mpirun_without_mpi_support(
+            "menps-dsm was built without the `mpi` cargo feature",
+        ));
+    }
+    join_shm().map(crate::com::AnyCom::Shm)
 }
 
 #[cfg(feature = "mpi")]

@@ -871,8 +871,17 @@ pub fn drive(mut cmd: Command, tag: &str, mut during: impl FnMut(u32, &str) -> b
 
 /// Variables of the driver's environment its jobs keep: the suites run
 /// with sequential prefetch on (the default) and off
-/// (`MENPS_DSM_PREFETCH=0 cargo test ...`).
-pub const PASSED_ON: &[&str] = &["MENPS_DSM_PREFETCH"];
+/// (`MENPS_DSM_PREFETCH=0 cargo test ...`), and over a modelled network
+/// (`MENPS_NET_LATENCY=20us cargo test ...`, see `com::netmodel`; the
+/// suites' timing expectations are those of one machine, though).
+pub const PASSED_ON: &[&str] = &[
+    "MENPS_DSM_PREFETCH",
+    "MENPS_NET_LATENCY",
+    "MENPS_NET_BANDWIDTH",
+];
+
+/// The network model's variables, which tests of the model set themselves.
+pub const NET_VARS: [&str; 2] = ["MENPS_NET_LATENCY", "MENPS_NET_BANDWIDTH"];
 
 /// A command without any `MENPS_*` variable of the driver's environment
 /// (but those of [`PASSED_ON`]).
