@@ -113,8 +113,19 @@ pub fn assert_passed(run: &JobRun, what: &str, n: usize) {
     }
 }
 pub const JOB_TAG: &str = "MENPS_TEST_JOB";
-/// Longest a job may take before the driver calls it a hang.
+/// Longest a job may take before the driver calls it a hang, unless
+/// `MENPS_TEST_JOB_LIMIT_SECS` says otherwise ([`job_limit`]).
 pub const JOB_LIMIT: Duration = Duration::from_secs(60);
+
+/// The job time limit: [`JOB_LIMIT`], or `MENPS_TEST_JOB_LIMIT_SECS` seconds
+/// (for slow set-ups, e.g. jobs across the simulated hosts of
+/// `tests/multihost/`).
+pub fn job_limit() -> Duration {
+    std::env::var("MENPS_TEST_JOB_LIMIT_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(JOB_LIMIT, Duration::from_secs)
+}
 
 /// Runs one of the shared scenarios; `false` if `name` is not one of them.
 pub fn run_common_scenario<C: Communicator>(name: &str, com: &C) -> bool {
@@ -813,6 +824,7 @@ pub fn drive(mut cmd: Command, tag: &str, mut during: impl FnMut(u32, &str) -> b
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    let limit = job_limit();
     let start = Instant::now();
     let mut child = cmd.spawn().expect("spawn job");
     let pid = child.id();
@@ -841,13 +853,13 @@ pub fn drive(mut cmd: Command, tag: &str, mut during: impl FnMut(u32, &str) -> b
             let so_far = String::from_utf8_lossy(&out.lock().unwrap()).into_owned();
             acted = during(pid, &so_far);
         }
-        if start.elapsed() > JOB_LIMIT {
+        if start.elapsed() > limit {
             // SAFETY: killing the job's process group, which we created.
             unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
             let _ = child.wait();
             assert_no_leftovers(tag);
             panic!(
-                "job {tag} hung: killed after {JOB_LIMIT:?}\n--- stdout\n{}\n--- stderr\n{}",
+                "job {tag} hung: killed after {limit:?}\n--- stdout\n{}\n--- stderr\n{}",
                 String::from_utf8_lossy(&out.lock().unwrap()),
                 String::from_utf8_lossy(&err.lock().unwrap())
             );
