@@ -81,12 +81,10 @@ impl Unit {
     }
 }
 
-/// Parses a duration: a decimal number (digits, optionally a `.` and more
-/// digits) and a unit `ns`, `us`, `ms` or `s` (lower case; spaces may
-/// separate them): `500us`, `10ms`, `2s`, `1.5s`. A bare number is in
-/// `bare` units (the unit in the variable's name: `MENPS_GRACE_MS=2000`);
-/// with `bare = None` a unit is required. At most about 30 years.
-pub fn duration(s: &str, bare: Option<Unit>) -> Option<Duration> {
+/// Splits `s` (trimmed) into a decimal number — digits, optionally a `.`
+/// and more digits — and what follows it (the unit, possibly empty or
+/// starting with spaces). `None` if `s` does not start with such a number.
+fn number_and_unit(s: &str) -> Option<(&str, &str)> {
     let s = s.trim();
     let num_end = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -96,6 +94,16 @@ pub fn duration(s: &str, bare: Option<Unit>) -> Option<Duration> {
     if int.is_empty() || (num.contains('.') && frac.is_empty()) || frac.contains('.') {
         return None;
     }
+    Some((num, unit))
+}
+
+/// Parses a duration: a decimal number (digits, optionally a `.` and more
+/// digits) and a unit `ns`, `us`, `ms` or `s` (lower case; spaces may
+/// separate them): `500us`, `10ms`, `2s`, `1.5s`. A bare number is in
+/// `bare` units (the unit in the variable's name: `MENPS_GRACE_MS=2000`);
+/// with `bare = None` a unit is required. At most about 30 years.
+pub fn duration(s: &str, bare: Option<Unit>) -> Option<Duration> {
+    let (num, unit) = number_and_unit(s)?;
     let unit = match unit.trim_start() {
         "" => bare?,
         "ns" => Unit::Nanos,
@@ -121,15 +129,7 @@ pub fn duration(s: &str, bare: Option<Unit>) -> Option<Duration> {
 /// is required, so that bits are never mistaken for bytes. `None` for
 /// anything else, for 0, and past 10^18 bit/s.
 pub fn bit_rate(s: &str) -> Option<u64> {
-    let s = s.trim();
-    let num_end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(num_end);
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.is_empty() || (num.contains('.') && frac.is_empty()) || frac.contains('.') {
-        return None;
-    }
+    let (num, unit) = number_and_unit(s)?;
     let unit = unit.trim_start().to_ascii_lowercase();
     let unit = unit.strip_suffix("/s").unwrap_or(&unit);
     let (prefix, rest) = unit.split_at(unit.find('b')?);

@@ -60,7 +60,7 @@
 //! migrates).
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ct_worker::OsThreads;
 use menps_dsm::com::{Coll, ShmCom};
@@ -567,14 +567,7 @@ fn job_entry() {
     let Ok(scenario) = std::env::var(SCENARIO) else {
         return;
     };
-    let com: ShmCom<OsThreads> = menps_dsm::launch::Builder::new()
-        .default_nprocs(2)
-        .grace(Duration::from_secs(3))
-        .init_or_relaunch()
-        .unwrap_or_else(|e| {
-            eprintln!("cannot join the job: {e}");
-            std::process::exit(3)
-        });
+    let com: ShmCom<OsThreads> = join_job();
     let dsm = D::new(com).unwrap_or_else(|e| {
         eprintln!("cannot start the DSM: {e}");
         std::process::exit(3)

@@ -19,14 +19,7 @@ use common::*;
 // The job side.
 
 fn join() -> AnyCom<OsThreads> {
-    menps_dsm::launch::Builder::new()
-        .default_nprocs(2)
-        .grace(Duration::from_secs(3))
-        .init_or_relaunch()
-        .unwrap_or_else(|e| {
-            eprintln!("cannot join the job: {e}");
-            std::process::exit(3)
-        })
+    join_job()
 }
 
 /// Entry point of the job processes (a no-op in a normal test run).

@@ -22,19 +22,25 @@ pub const SCENARIO: &str = "MENPS_TEST_SCENARIO";
 /// The DSM of the job scenarios: any backend, OS threads.
 pub type JobDsm = menps_dsm::dsm::Dsm<menps_dsm::com::AnyCom<ct_worker::OsThreads>>;
 
-/// In a job process: joins the job (2 processes unless `MENPS_NPROCS` says
-/// otherwise, or the `mpirun` job; a 3 s grace after a failure) and starts
-/// the DSM. A failure ends the process with status 3 and a message.
-pub fn start_dsm_job() -> JobDsm {
-    let com = menps_dsm::launch::Builder::new()
+/// In a job process: joins the job as a `C` (2 processes unless
+/// `MENPS_NPROCS` says otherwise, or the `mpirun` job; a 3 s grace after a
+/// failure). A failure ends the process with status 3 and a message.
+pub fn join_job<C: menps_dsm::launch::JoinJob>() -> C {
+    menps_dsm::launch::Builder::new()
         .default_nprocs(2)
         .grace(Duration::from_secs(3))
         .init_or_relaunch()
         .unwrap_or_else(|e| {
             eprintln!("cannot join the job: {e}");
             std::process::exit(3)
-        });
-    JobDsm::new(com).unwrap_or_else(|e| {
+        })
+}
+
+/// In a job process: joins the job (2 processes unless `MENPS_NPROCS` says
+/// otherwise, or the `mpirun` job; a 3 s grace after a failure) and starts
+/// the DSM. A failure ends the process with status 3 and a message.
+pub fn start_dsm_job() -> JobDsm {
+    JobDsm::new(join_job()).unwrap_or_else(|e| {
         eprintln!("cannot start the DSM: {e}");
         std::process::exit(3)
     })
