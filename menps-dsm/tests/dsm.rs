@@ -333,23 +333,19 @@ fn write_write_race_is_reported() {
     }
 }
 
-/// A job of `scenario` under `policy` with more variables set.
+/// A job of `scenario` under `policy` with more variables set (the network
+/// model only as `env` sets it).
 fn job_with(
     scenario: &str,
     nprocs: usize,
     policy: (&'static str, &'static str, &'static str),
     env: &[(&str, &str)],
 ) -> JobRun {
-    let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
-    entry_args(&mut cmd);
-    for v in NET_VARS {
-        cmd.env_remove(v);
-    }
-    cmd.env(SCENARIO, scenario)
-        .env("MENPS_NPROCS", nprocs.to_string())
-        .envs(dsm_policy_env(policy))
-        .envs(env.iter().copied());
-    drive(cmd, &new_tag(scenario), |_, _| false)
+    let all: Vec<(&str, &str)> = dsm_policy_env(policy)
+        .into_iter()
+        .chain(env.iter().copied())
+        .collect();
+    job_with_own_net_model(scenario, nprocs, &all)
 }
 
 /// The protocol stays correct when every communication takes what it

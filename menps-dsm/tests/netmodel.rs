@@ -6,7 +6,6 @@
 //! set; the job processes check lower bounds of the time operations take
 //! (never upper bounds: the machines are noisy) and print `rank R: ok`.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ct_worker::OsThreads;
@@ -133,22 +132,10 @@ fn scenario_bandwidth(com: &AnyCom<OsThreads>) {
 // ---------------------------------------------------------------------------
 // The driver side.
 
-fn job(scenario: &str, nprocs: usize, env: &[(&str, &str)]) -> JobRun {
-    let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
-    entry_args(&mut cmd);
-    for v in NET_VARS {
-        cmd.env_remove(v);
-    }
-    cmd.env(SCENARIO, scenario)
-        .env("MENPS_NPROCS", nprocs.to_string())
-        .envs(env.iter().copied());
-    drive(cmd, &new_tag(scenario), |_, _| false)
-}
-
 #[test]
 fn latency_delays_reads_atomics_writes_messages_and_barriers() {
     for n in [2, 3, 4] {
-        let run = job("latency", n, &[("MENPS_NET_LATENCY", "2ms")]);
+        let run = job_with_own_net_model("latency", n, &[("MENPS_NET_LATENCY", "2ms")]);
         assert_passed(&run, &format!("latency with {n} processes"), n);
     }
 }
@@ -156,11 +143,11 @@ fn latency_delays_reads_atomics_writes_messages_and_barriers() {
 #[test]
 fn bandwidth_caps_a_1mib_read() {
     for rate in ["800Mbit", "10Gbit"] {
-        let run = job("bandwidth", 2, &[("MENPS_NET_BANDWIDTH", rate)]);
+        let run = job_with_own_net_model("bandwidth", 2, &[("MENPS_NET_BANDWIDTH", rate)]);
         assert_passed(&run, &format!("1 MiB read at {rate}"), 2);
     }
     // Both together.
-    let run = job(
+    let run = job_with_own_net_model(
         "bandwidth",
         2,
         &[
@@ -173,7 +160,7 @@ fn bandwidth_caps_a_1mib_read() {
 
 #[test]
 fn without_the_variables_nothing_is_wrapped() {
-    let run = job("off", 2, &[]);
+    let run = job_with_own_net_model("off", 2, &[]);
     assert_passed(&run, "no model", 2);
 }
 
@@ -206,7 +193,7 @@ fn bad_values_are_errors_naming_the_variable() {
             "MENPS_NET_BANDWIDTH is set but empty",
         ),
     ] {
-        let run = job("off", 2, &[(var, value)]);
+        let run = job_with_own_net_model("off", 2, &[(var, value)]);
         assert!(!run.status.success(), "{var}={value:?}: {}", run.dump());
         assert!(
             run.stderr.contains(needle),

@@ -901,6 +901,21 @@ pub const PASSED_ON: &[&str] = &[
 /// The network model's variables, which tests of the model set themselves.
 pub const NET_VARS: [&str; 2] = ["MENPS_NET_LATENCY", "MENPS_NET_BANDWIDTH"];
 
+/// Runs a job of this test binary's `scenario` on `nprocs` processes with
+/// exactly the network model `env` sets (the driver's [`NET_VARS`] are not
+/// passed on), plus `env`'s other variables.
+pub fn job_with_own_net_model(scenario: &str, nprocs: usize, env: &[(&str, &str)]) -> JobRun {
+    let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
+    entry_args(&mut cmd);
+    for v in NET_VARS {
+        cmd.env_remove(v);
+    }
+    cmd.env(SCENARIO, scenario)
+        .env("MENPS_NPROCS", nprocs.to_string())
+        .envs(env.iter().copied());
+    drive(cmd, &new_tag(scenario), |_, _| false)
+}
+
 /// A command without any `MENPS_*` variable of the driver's environment
 /// (but those of [`PASSED_ON`]).
 pub fn clean_cmd(program: impl AsRef<std::ffi::OsStr>) -> Command {
