@@ -12,18 +12,23 @@ use super::super::segment::Segment;
 use super::{PARALLEL_RELEASE_MIN, Space, Timed, TxKind, parallel_min};
 
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
-    /// Releases block `idx` if it is in the write set.
+    /// Releases block `idx` if it is in the write set; returns whether it
+    /// stays there (still dirty: a fast release keeps it writable).
+    ///
+    /// `in_write_set` means "listed once": only this function, as it drops
+    /// a block's entry, clears it. A transaction elsewhere (a miss, a
+    /// relaxed atomic) may leave a listed block clean; its entry is dropped
+    /// here at the next fence, and a write before then finds it listed.
     pub(super) fn release_block(&self, seg: &Segment<U>, idx: usize) -> DsmResult<bool> {
         let mut m = seg.entry(idx).lock();
         if !m.in_write_set {
             return Ok(false);
         }
+        if m.state.dirty() && !self.fast_release(seg, idx, &mut m)? {
+            self.transaction(seg, idx, &mut m, TxKind::Release)?;
+        }
         if !m.state.dirty() {
             m.in_write_set = false;
-            return Ok(false);
-        }
-        if !self.fast_release(seg, idx, &mut m)? {
-            self.transaction(seg, idx, &mut m, TxKind::Release)?;
         }
         Ok(m.in_write_set)
     }
@@ -37,15 +42,6 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // Local stores are visible before lock words are read (fast release).
         fence(Ordering::SeqCst);
         let mut blocks = core::mem::take(&mut *self.write_set.lock());
-        // A block is listed each time it enters the write set, and a
-        // transaction outside a release that leaves it clean (a relaxed
-        // atomic on it, say) clears its mark while its entry stays listed:
-        // its next write lists it again. Each entry was released and kept,
-        // so the entries accumulated (a C program's reduction into `main`'s
-        // frame: 900 entries of one block after 2,000 parallel regions, each
-        // released at every fence). One entry per block, in address order.
-        blocks.sort_unstable();
-        blocks.dedup();
         // Stack blocks below the live part of their stack stay listed,
         // unmerged (see `live`).
         let mut dead = Vec::new();

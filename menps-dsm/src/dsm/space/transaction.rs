@@ -424,10 +424,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             _ if write_protected => BlockState::ReadonlyClean,
             _ => was,
         };
+        // A clean block stays listed in the write set until a release
+        // fence drops its entry (`release_block`): clearing the mark here,
+        // in a transaction outside a release (a relaxed atomic, a miss),
+        // let the next write list the block a second time.
         m.state = new_state;
-        if !new_state.dirty() {
-            m.in_write_set = false;
-        }
         // A prefetch's caller protects its blocks together.
         if (new_state != was || !was.readable()) && !matches!(kind, TxKind::Prefetch) {
             self.protect(seg, idx, new_state)?;
@@ -536,12 +537,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             // are never protected.
             layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
             if data[skip..] == base[skip..] {
-                // The next write faults and lists the block again (the twin
-                // is the base of the changes since the last transaction, so
-                // its copy then starts a clean diff).
+                // The block leaves the write set (`release_block`); the next
+                // write faults and lists it again (the twin is the base of
+                // the changes since the last transaction, so its copy then
+                // starts a clean diff).
                 bump(&self.stats.idle_releases);
                 m.state = BlockState::ReadonlyClean;
-                m.in_write_set = false;
                 m.idle_releases = 0;
                 m.released = None;
                 return Ok(true);
