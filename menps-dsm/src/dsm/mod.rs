@@ -112,6 +112,7 @@ pub mod error;
 pub(crate) mod fault;
 pub mod globals;
 pub mod heap;
+mod images;
 pub(crate) mod layout;
 pub mod memory;
 pub mod process;

@@ -337,6 +337,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     pub fn new(com: C, cfg: DsmConfig) -> DsmResult<Self> {
         let nprocs = com.size();
         cfg.validate(nprocs)?;
+        super::images::check_same_layout(&com)?;
         layout::reserve()?;
         let inval_win = if cfg.invalidation == InvalidationPolicy::Directory {
             Some(com.create_window(INVAL_HEADER + INVAL_CAP * 16)?)
