@@ -67,6 +67,11 @@ fn rewritten_runs_all_policies() {
 }
 
 #[test]
+fn idle_blocks_protected_soon_rewritten_ones_kept_all_policies() {
+    run_everywhere("idle_limit", &[2, 3]);
+}
+
+#[test]
 fn false_sharing_all_policies() {
     run_everywhere("false_sharing", &[2, 3, 4]);
 }

@@ -104,6 +104,14 @@ pub(crate) struct BlockMeta {
     /// Releases in a row that found the writable block unchanged since
     /// the previous one (and so announced nothing).
     pub idle_releases: u32,
+    /// Idle releases in a row after which the block is protected and
+    /// leaves the write set, once it has adapted (0: not yet, the start
+    /// value applies; see `Space::fast_release`).
+    pub idle_limit: u8,
+    /// This process's release count (`Space::release_count`) when idle
+    /// releases last protected the block, if no write has faulted since
+    /// (0: none).
+    pub idled_at: u32,
     /// What our last fast release published, when one did since the last
     /// transaction (the twin is not updated by a fast release: it stays
     /// the base version a later merge needs); `None`: the twin is what we

@@ -53,6 +53,7 @@ pub fn job_entry() {
         "single_writer" => single_writer(&dsm),
         "phased_writers" => phased_writers(&dsm),
         "rewritten_runs" => rewritten_runs(&dsm),
+        "idle_limit" => idle_limit(&dsm),
         "prefetch_invalidated" => prefetch_invalidated(&dsm),
         "barrier_after_touch" => barrier_after_touch(&dsm),
         "race" => race(&dsm),
@@ -598,6 +599,77 @@ fn rewritten_runs(dsm: &D) {
                 dsm.stats()
             );
         }
+    }
+}
+
+/// How long a written block stays listed once nobody writes it (the
+/// adaptive idle-release limit). Each process has two blocks of 4 KiB. One
+/// is written once and then left alone: it is compared with its released
+/// version at only a few releases before it is protected (a fixed limit of
+/// 8 compared it at 8). The other is rewritten every third release: after
+/// a round or two it stays writable, and later rewrites take no write
+/// fault (with the start limit alone, each would be protected and fault
+/// again). The values are checked everywhere at the end.
+fn idle_limit(dsm: &D) {
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let words = 4096 / 8;
+    let p = dsm.alloc_segment(n * 2 * 4096, 4096).unwrap() as *mut u64;
+    let once = me * 2 * words;
+    let periodic = once + words;
+    let cfg = dsm.config();
+    let check = cfg.fast_release_active()
+        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
+        && !cfg.fast_read_active();
+
+    let idle_before = dsm.stats().idle_releases;
+    // SAFETY: this process's own block.
+    unsafe { p.add(once).write(1 + me as u64) };
+    for _ in 0..20 {
+        dsm.barrier().unwrap();
+    }
+    let idle = dsm.stats().idle_releases - idle_before;
+
+    const ROUNDS: u64 = 12;
+    let mut faults = Vec::new();
+    for round in 1..=ROUNDS {
+        let before = dsm.stats().write_faults;
+        // SAFETY: this process's own block.
+        unsafe { p.add(periodic).write(round) };
+        faults.push(dsm.stats().write_faults - before);
+        for _ in 0..3 {
+            dsm.barrier().unwrap();
+        }
+    }
+    for q in 0..n {
+        // SAFETY: written before the barriers above.
+        let (a, b) = unsafe {
+            (
+                p.add(q * 2 * words).read(),
+                p.add(q * 2 * words + words).read(),
+            )
+        };
+        assert_eq!(
+            (a, b),
+            (1 + q as u64, ROUNDS),
+            "process {me}: blocks of process {q}"
+        );
+    }
+    dsm.barrier().unwrap();
+    if check {
+        assert!(
+            idle <= 3,
+            "process {me}: a block written once was released idle {idle} times before \
+             it was protected; {}",
+            dsm.stats()
+        );
+        let late: usize = faults[ROUNDS as usize / 2..].iter().sum();
+        assert_eq!(
+            late,
+            0,
+            "process {me}: a block rewritten every third release still faults \
+             ({faults:?}); {}",
+            dsm.stats()
+        );
     }
 }
 

@@ -7,7 +7,7 @@
 //! tells where the latest version is.
 
 use core::cmp::Reverse;
-use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::collections::BinaryHeap;
 
 use ct_sync::Mutex;
@@ -319,6 +319,9 @@ pub(crate) struct Space<C: Communicator, U: UltItf> {
     pub(crate) rel_sig: Mutex<Signature, U>,
     /// Serialises release fences.
     release_lock: Mutex<(), U>,
+    /// Release fences this process has made (wrapping): the clock of the
+    /// adaptive idle-release limit (see `fast_release`).
+    release_count: AtomicU32,
     failed: AtomicBool,
     failure: std::sync::Mutex<Option<DsmError>>,
     bufs: std::sync::Mutex<Vec<Vec<u64>>>,
@@ -359,6 +362,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             write_set: Mutex::new_in(Vec::new()),
             rel_sig: Mutex::new_in(Signature::new(cap)),
             release_lock: Mutex::new_in(()),
+            release_count: AtomicU32::new(0),
             failed: AtomicBool::new(false),
             failure: std::sync::Mutex::new(None),
             bufs: std::sync::Mutex::new(Vec::new()),
@@ -797,6 +801,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             unsafe { core::ptr::copy_nonoverlapping(seg.sys(j), seg.twin_of(j), bs) };
             m.state = BlockState::Writable;
             m.idle_releases = 0;
+            self.note_rewrite(m);
             m.released = None;
             self.add_to_write_set(seg, j, m);
         }
@@ -818,6 +823,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 return Ok(());
             }
         }
+        self.note_rewrite(m);
         if m.state == BlockState::ReadonlyClean {
             // The twin becomes the base version of our writes.
             // SAFETY: both are this process's copies of the block; the

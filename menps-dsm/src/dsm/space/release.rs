@@ -39,6 +39,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let _rt = self.enter()?;
         let _serial = self.release_lock.lock();
         let _t = Timed::new(&self.stats.release_ns);
+        self.count_release();
         // Local stores are visible before lock words are read (fast release).
         fence(Ordering::SeqCst);
         let mut blocks = core::mem::take(&mut *self.write_set.lock());

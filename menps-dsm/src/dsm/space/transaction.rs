@@ -470,9 +470,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// release (the lock still here, the copy equal to its twin) announces
     /// nothing at all — in an OpenMP program a block written in one phase
     /// is released at every barrier of the others, and a new interval each
-    /// time made every reader drop its copy. After [`IDLE_RELEASES_MAX`]
-    /// idle releases in a row the block is protected and leaves the write
-    /// set, so blocks written once cost nothing at later releases.
+    /// time made every reader drop its copy. After a few idle releases in
+    /// a row (the block's adaptive limit, see [`idle_limit`]) the block is
+    /// protected and leaves the write set, so blocks written once cost
+    /// nothing at later releases.
     pub(super) fn fast_release(
         &self,
         seg: &Segment<U>,
@@ -522,7 +523,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             if !qlock::owned_here(&self.com, &site)? {
                 return Ok(false);
             }
-            if m.idle_releases + 1 < IDLE_RELEASES_MAX || m.state != BlockState::Writable {
+            if m.idle_releases + 1 < idle_limit(m) || m.state != BlockState::Writable {
                 bump(&self.stats.idle_releases);
                 m.idle_releases += 1;
                 return Ok(true);
@@ -544,6 +545,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 bump(&self.stats.idle_releases);
                 m.state = BlockState::ReadonlyClean;
                 m.idle_releases = 0;
+                m.idled_at = self.release_count().max(1);
                 m.released = None;
                 return Ok(true);
             }
@@ -593,7 +595,64 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 }
 
 /// Idle releases in a row after which a writable block is protected and
-/// leaves the write set (each idle release compares the block with its
-/// twin; an OpenMP loop phase writes its arrays once between a few
-/// barriers that do not touch them).
-const IDLE_RELEASES_MAX: u32 = 8;
+/// leaves the write set, until the block adapts. Each idle release compares
+/// the whole block with its last released version, which for the arrays of
+/// an OpenMP program is a read of memory that left the cache long ago
+/// (about 1 µs for a 4 KiB block): the multigrid kernel writes each grid
+/// once per V-cycle and then releases it at some 170 barriers that do not
+/// touch it, so a limit of 8 spent more time comparing than computing.
+const IDLE_LIMIT_START: u32 = 2;
+/// The largest limit a block adapts to: a block written again every few
+/// releases (data under a lock, a counter array updated in every phase)
+/// costs an idle comparison at each release in between, less than a write
+/// fault and an `mprotect` each time.
+const IDLE_LIMIT_MAX: u32 = 16;
+/// A block rewritten at most this many releases after idle releases
+/// protected it would have been cheaper to keep listed: the `mprotect`
+/// calls and the fault of protecting and rewriting a block cost about as
+/// much as this many idle comparisons (measured with the IS kernel, whose
+/// arrays are rewritten every five or six releases, and MG, whose grids
+/// mostly wait longer).
+const REWRITE_GAP_SHORT: u32 = 4;
+
+/// Idle releases in a row after which block `m` is protected (see
+/// [`Space::note_rewrite`] for how the limit adapts).
+fn idle_limit(m: &BlockMeta) -> u32 {
+    if m.idle_limit == 0 {
+        IDLE_LIMIT_START
+    } else {
+        u32::from(m.idle_limit)
+    }
+}
+
+impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
+    /// This process's release fences so far (wrapping).
+    pub(super) fn release_count(&self) -> u32 {
+        self.release_count.load(Ordering::Relaxed)
+    }
+
+    /// Counts a release fence (under the release lock).
+    pub(super) fn count_release(&self) {
+        self.release_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Block `m` is made writable again (a write fault, or write-ahead
+    /// after one on its neighbour) `gap` releases after idle releases
+    /// protected it. A block rewritten every `P` releases costs `P - 1` idle
+    /// comparisons between its writes if it stays listed, and `limit` of
+    /// them plus two `mprotect` calls and a fault or a write-ahead if it is
+    /// protected: the latter is the loss when the gap is short, so then its
+    /// limit grows to cover the whole period (up to [`IDLE_LIMIT_MAX`]); a
+    /// block rewritten much later (a grid of the next V-cycle) keeps its
+    /// limit.
+    pub(super) fn note_rewrite(&self, m: &mut BlockMeta) {
+        if m.idled_at == 0 {
+            return;
+        }
+        let gap = self.release_count().wrapping_sub(m.idled_at);
+        if gap <= REWRITE_GAP_SHORT {
+            m.idle_limit = (idle_limit(m) + gap + 1).min(IDLE_LIMIT_MAX) as u8;
+        }
+        m.idled_at = 0;
+    }
+}
