@@ -56,23 +56,6 @@ impl SuspendedThreadItf for OsSuspendedThread {
         self.notify()
     }
 
-    fn swap(&self, next: &Self) {
-        self.swap_with(next, || true);
-    }
-
-    fn swap_with(&self, next: &Self, decide: impl FnOnce() -> bool) -> bool {
-        os_waiter::park_if(|word| {
-            self.park_decision(word, || {
-                if decide() {
-                    next.notify();
-                    true
-                } else {
-                    false
-                }
-            })
-        })
-    }
-
     fn is_empty(&self) -> bool {
         self.word.load(Ordering::Acquire) == 0
     }
