@@ -638,43 +638,17 @@ impl JsonParser<'_> {
         }
         self.ws();
         match *self.s.get(self.i)? {
-            b'{' => {
-                self.i += 1;
-                let mut fields = Vec::new();
-                if self.eat(b'}') {
-                    return Some(Json::Obj(fields));
-                }
-                loop {
-                    self.ws();
-                    let k = self.string()?;
-                    if !self.eat(b':') {
+            b'{' => self
+                .sequence(b'}', |p| {
+                    p.ws();
+                    let k = p.string()?;
+                    if !p.eat(b':') {
                         return None;
                     }
-                    fields.push((k, self.value(depth + 1)?));
-                    if self.eat(b'}') {
-                        return Some(Json::Obj(fields));
-                    }
-                    if !self.eat(b',') {
-                        return None;
-                    }
-                }
-            }
-            b'[' => {
-                self.i += 1;
-                let mut items = Vec::new();
-                if self.eat(b']') {
-                    return Some(Json::Arr(items));
-                }
-                loop {
-                    items.push(self.value(depth + 1)?);
-                    if self.eat(b']') {
-                        return Some(Json::Arr(items));
-                    }
-                    if !self.eat(b',') {
-                        return None;
-                    }
-                }
-            }
+                    Some((k, p.value(depth + 1)?))
+                })
+                .map(Json::Obj),
+            b'[' => self.sequence(b']', |p| p.value(depth + 1)).map(Json::Arr),
             b'"' => self.string().map(Json::Str),
             b'n' => self.word("null", Json::Null),
             b't' => self.word("true", Json::Bool(true)),
@@ -694,6 +668,30 @@ impl JsonParser<'_> {
                 Some(Json::Num(t.to_string()))
             }
             _ => None,
+        }
+    }
+
+    /// The items of an object or array whose opening bracket is the current
+    /// byte, up to and including `close`: `item` parses one, and items are
+    /// separated by commas.
+    fn sequence<T>(
+        &mut self,
+        close: u8,
+        mut item: impl FnMut(&mut Self) -> Option<T>,
+    ) -> Option<Vec<T>> {
+        self.i += 1;
+        let mut items = Vec::new();
+        if self.eat(close) {
+            return Some(items);
+        }
+        loop {
+            items.push(item(self)?);
+            if self.eat(close) {
+                return Some(items);
+            }
+            if !self.eat(b',') {
+                return None;
+            }
         }
     }
 

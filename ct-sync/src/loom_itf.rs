@@ -79,21 +79,6 @@ impl SuspendedThreadItf for LoomSlot {
         self.notify()
     }
 
-    fn swap(&self, next: &Self) {
-        self.swap_with(next, || true);
-    }
-
-    fn swap_with(&self, next: &Self, decide: impl FnOnce() -> bool) -> bool {
-        self.wait_with(|| {
-            if decide() {
-                next.notify();
-                true
-            } else {
-                false
-            }
-        })
-    }
-
     fn is_empty(&self) -> bool {
         self.parked.lock().unwrap().is_none()
     }

@@ -11,7 +11,7 @@ use core::ptr::{self, NonNull};
 
 use crossbeam_utils::CachePadded;
 
-use crate::sync::{AtomicPtr, Ordering, ProtocolCell};
+use crate::sync::{AtomicPtr, Ordering, ProtocolCell, const_unless_loom};
 
 /// A queue node: anything with an atomic `next` link.
 pub trait McsNode: Sized {
@@ -47,21 +47,13 @@ impl<N: McsNode> Default for McsCore<N> {
 }
 
 impl<N: McsNode> McsCore<N> {
-    /// An unlocked, empty queue.
-    #[cfg(not(loom))]
-    pub const fn new() -> Self {
-        McsCore {
-            tail: CachePadded::new(AtomicPtr::new(ptr::null_mut())),
-            head: CachePadded::new(ProtocolCell::new(ptr::null_mut())),
-        }
-    }
-
-    /// An unlocked, empty queue.
-    #[cfg(loom)]
-    pub fn new() -> Self {
-        McsCore {
-            tail: CachePadded::new(AtomicPtr::new(ptr::null_mut())),
-            head: CachePadded::new(ProtocolCell::new(ptr::null_mut())),
+    const_unless_loom! {
+        /// An unlocked, empty queue.
+        pub fn new() -> Self {
+            McsCore {
+                tail: CachePadded::new(AtomicPtr::new(ptr::null_mut())),
+                head: CachePadded::new(ProtocolCell::new(ptr::null_mut())),
+            }
         }
     }
 

@@ -8,6 +8,22 @@ pub(crate) use loom::sync::atomic::{
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering, fence};
 
+/// Defines a function that is `const` except under loom, whose atomics and
+/// cells cannot be made in constant contexts: the same body, as two
+/// `cfg`-selected items.
+macro_rules! const_unless_loom {
+    ($(#[$attr:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $body:block) => {
+        $(#[$attr])*
+        #[cfg(not(loom))]
+        $vis const fn $name($($arg: $ty),*) -> $ret $body
+
+        $(#[$attr])*
+        #[cfg(loom)]
+        $vis fn $name($($arg: $ty),*) -> $ret $body
+    };
+}
+pub(crate) use const_unless_loom;
+
 /// A number above 1 that differs between OS threads alive at the same time
 /// (the address of a thread-local; under loom: between loom threads, which
 /// share an OS thread).

@@ -37,57 +37,42 @@ pub trait Config: Send + Sync + Sized + 'static {
     type Hook: SwitchHook;
 }
 
-/// The default: the target's fastest context policy, Chase–Lev deques, no aspect.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DefaultConfig;
+/// Declares the named configurations: each a type of its own (a runtime
+/// knows the configuration it was built with by its type) whose [`Config`]
+/// is that of the [`Custom`] configuration of the same parts.
+macro_rules! named_configs {
+    ($($(#[$doc:meta])* $name:ident = $parts:ty;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, Default)]
+        pub struct $name;
 
-impl Config for DefaultConfig {
-    type Policy = DefaultPolicy;
-    type Deque<T: Send + 'static> = ChaseLev<T>;
-    type Aspect = NoAspect;
-    type Stacks = MmapStacks;
-    type Hook = NoHook;
+        impl Config for $name {
+            type Policy = <$parts as Config>::Policy;
+            type Deque<T: Send + 'static> = <$parts as Config>::Deque<T>;
+            type Aspect = <$parts as Config>::Aspect;
+            type Stacks = <$parts as Config>::Stacks;
+            type Hook = <$parts as Config>::Hook;
+        }
+    )*};
 }
 
-/// The default configuration with [`AsymmetricChaseLev`](crate::unstable::AsymmetricChaseLev)
-/// deques: owner pops
-/// without a memory fence (thieves use `membarrier` instead). The fastest
-/// fork/join on Linux; falls back to fences where `membarrier` is missing.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AsymmetricConfig;
+named_configs! {
+    /// The default: the target's fastest context policy, Chase–Lev deques, no aspect.
+    DefaultConfig = Custom<DefaultPolicy, ChaseLevKind, NoAspect, MmapStacks, NoHook>;
 
-impl Config for AsymmetricConfig {
-    type Policy = DefaultPolicy;
-    type Deque<T: Send + 'static> = AsymmetricChaseLev<T>;
-    type Aspect = NoAspect;
-    type Stacks = MmapStacks;
-    type Hook = NoHook;
-}
+    /// The default configuration with [`AsymmetricChaseLev`](crate::unstable::AsymmetricChaseLev)
+    /// deques: owner pops
+    /// without a memory fence (thieves use `membarrier` instead). The fastest
+    /// fork/join on Linux; falls back to fences where `membarrier` is missing.
+    AsymmetricConfig = Custom<DefaultPolicy, AsymmetricKind, NoAspect, MmapStacks, NoHook>;
 
-/// The default configuration with per-worker statistics
-/// ([`StatsAspect`]: forks, steals, switches, idle time).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct StatsConfig;
+    /// The default configuration with per-worker statistics
+    /// ([`StatsAspect`]: forks, steals, switches, idle time).
+    StatsConfig = Custom<DefaultPolicy, ChaseLevKind, StatsAspect, MmapStacks, NoHook>;
 
-impl Config for StatsConfig {
-    type Policy = DefaultPolicy;
-    type Deque<T: Send + 'static> = ChaseLev<T>;
-    type Aspect = StatsAspect;
-    type Stacks = MmapStacks;
-    type Hook = NoHook;
-}
-
-/// The default configuration with a Chrome trace-event recorder
-/// ([`TraceAspect`]; the file is named by `CT_TRACE` or the builder).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct TraceConfig;
-
-impl Config for TraceConfig {
-    type Policy = DefaultPolicy;
-    type Deque<T: Send + 'static> = ChaseLev<T>;
-    type Aspect = TraceAspect;
-    type Stacks = MmapStacks;
-    type Hook = NoHook;
+    /// The default configuration with a Chrome trace-event recorder
+    /// ([`TraceAspect`]; the file is named by `CT_TRACE` or the builder).
+    TraceConfig = Custom<DefaultPolicy, ChaseLevKind, TraceAspect, MmapStacks, NoHook>;
 }
 
 /// A family of deques, to name one in [`Custom`].

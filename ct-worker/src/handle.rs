@@ -11,7 +11,7 @@ use ct_context::make_context_with;
 use crate::aspect::Aspect;
 use crate::config::{Config, DefaultConfig};
 use crate::error::Result;
-use crate::os_waiter::OsWaiter;
+use crate::os_waiter;
 use crate::pool::GLOBAL;
 use crate::runtime::Shared;
 use crate::stack::StackSource;
@@ -632,10 +632,7 @@ unsafe fn wait_finished<C: Config>(task: TaskRef<C>) {
             w.cond_suspend_to_sched(|me| desc.join.register(me.word()));
         },
         None => {
-            let waiter = OsWaiter::new();
-            if desc.join.register(waiter.word()) {
-                waiter.wait();
-            }
+            os_waiter::park_if(|word| desc.join.register(word));
         }
     }
     debug_assert!(desc.join.is_finished());

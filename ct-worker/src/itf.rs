@@ -45,9 +45,22 @@ pub trait SuspendedThreadItf: Default + Send + Sync + 'static {
     /// (otherwise like `notify`). Returns whether one was parked.
     fn enter(&self) -> bool;
     /// Parks the caller in `self` and runs the thread parked in `next`.
-    fn swap(&self, next: &Self);
-    /// Conditional `swap`; returns whether the caller parked.
-    fn swap_with(&self, next: &Self, decide: impl FnOnce() -> bool) -> bool;
+    fn swap(&self, next: &Self) {
+        self.swap_with(next, || true);
+    }
+    /// Conditional `swap`; returns whether the caller parked. By default the
+    /// caller parks with `decide`, which wakes `next` once it says yes
+    /// (an implementation that can switch straight to `next` does that).
+    fn swap_with(&self, next: &Self, decide: impl FnOnce() -> bool) -> bool {
+        self.wait_with(|| {
+            if decide() {
+                next.notify();
+                true
+            } else {
+                false
+            }
+        })
+    }
     /// Whether no thread is parked here.
     fn is_empty(&self) -> bool;
 }

@@ -6,7 +6,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::itf::{JoinHandleItf, SuspendedThreadItf, UltItf};
-use crate::os_waiter::{self, OsWaiter};
+use crate::os_waiter;
 
 /// OS threads as a threading interface.
 #[derive(Debug, Clone, Copy, Default)]
@@ -38,13 +38,7 @@ impl OsSuspendedThread {
 
 impl SuspendedThreadItf for OsSuspendedThread {
     fn wait_with(&self, decide: impl FnOnce() -> bool) -> bool {
-        let waiter = OsWaiter::new();
-        if self.park_decision(waiter.word(), decide) {
-            waiter.wait();
-            true
-        } else {
-            false
-        }
+        os_waiter::park_if(|word| self.park_decision(word, decide))
     }
 
     fn notify(&self) -> bool {
@@ -60,26 +54,6 @@ impl SuspendedThreadItf for OsSuspendedThread {
 
     fn enter(&self) -> bool {
         self.notify()
-    }
-
-    fn swap(&self, next: &Self) {
-        self.swap_with(next, || true);
-    }
-
-    fn swap_with(&self, next: &Self, decide: impl FnOnce() -> bool) -> bool {
-        let waiter = OsWaiter::new();
-        let parked = self.park_decision(waiter.word(), || {
-            if decide() {
-                next.notify();
-                true
-            } else {
-                false
-            }
-        });
-        if parked {
-            waiter.wait();
-        }
-        parked
     }
 
     fn is_empty(&self) -> bool {

@@ -33,6 +33,18 @@ impl OsWaiter {
     }
 }
 
+/// Parks the calling OS thread if `register(word)` — given the word of a
+/// waiter for it, to make it wakeable — says so (`true`: registered), until
+/// [`wake`] is called for that word. Returns whether it parked.
+pub(crate) fn park_if(register: impl FnOnce(usize) -> bool) -> bool {
+    let waiter = OsWaiter::new();
+    let parked = register(waiter.word());
+    if parked {
+        waiter.wait();
+    }
+    parked
+}
+
 /// Wakes the waiter with word `word`.
 ///
 /// # Safety

@@ -19,7 +19,7 @@ use core::marker::PhantomData;
 
 use crate::config::{Config, DefaultConfig};
 use crate::hook::LeaveReason;
-use crate::os_waiter::OsWaiter;
+use crate::os_waiter;
 use crate::sync::{AtomicUsize, Ordering};
 use crate::task::TaskRef;
 use crate::worker::Worker;
@@ -165,15 +165,7 @@ impl<C: Config> SuspendedThread<C> {
                     self.park_decision(me.word(), decide)
                 })
             },
-            None => {
-                let waiter = OsWaiter::new();
-                if self.park_decision(waiter.word(), decide) {
-                    waiter.wait();
-                    true
-                } else {
-                    false
-                }
-            }
+            None => os_waiter::park_if(|word| self.park_decision(word, decide)),
         }
     }
 
@@ -348,7 +340,7 @@ fn wake<C: Config>(p: Parked<C>) {
     match p {
         Parked::Os(word) => {
             // SAFETY: we took the word from a slot, so we own its wake-up.
-            unsafe { crate::os_waiter::wake(word) }
+            unsafe { os_waiter::wake(word) }
         }
         Parked::Ult(t) => match Worker::<C>::current() {
             Some(w) if w.shared.id == t.desc().runtime_id.get() => w.push(t),

@@ -650,6 +650,90 @@ impl<C: Config> Worker<C> {
         }
     }
 
+    /// The running thread, which an operation is about to suspend.
+    #[inline(always)]
+    fn suspending(&self) -> TaskRef<C> {
+        self.running
+            .get()
+            .expect("suspend from a user-level thread")
+    }
+
+    /// The switch of the `suspend_to_*` operations: from the running thread
+    /// `me` to `next_ctx`, the context of thread `next` (`None`: of the
+    /// scheduler). On top of `next_ctx`, once `me`'s context is stored and
+    /// the switch hook told that `me` left for `why`, `next` becomes the
+    /// running thread and `publish(me)` runs. Returns when `me` is resumed.
+    ///
+    /// # Safety
+    ///
+    /// Must be called from `me`, the running thread of this worker, with
+    /// `next_ctx` ours to resume (and the hook told `next` is entered).
+    #[inline(always)]
+    unsafe fn switch_away(
+        &self,
+        me: TaskRef<C>,
+        next_ctx: Context<C::Policy>,
+        next: Option<TaskRef<C>>,
+        why: LeaveReason,
+        publish: impl FnOnce(TaskRef<C>),
+    ) {
+        // SAFETY: `next_ctx` is ours to resume (the caller's contract); the
+        // ontop function stores our context before publishing us.
+        unsafe {
+            swap_with(next_ctx, move |my_ctx| {
+                me.desc().set_ctx(my_ctx);
+                self.hook_left(me, why);
+                self.running.set(next);
+                self.note_switch(next);
+                publish(me);
+                RESUMED
+            })
+        };
+    }
+
+    /// The conditional switch of the `cond_suspend_to_*` operations: as
+    /// [`Worker::switch_away`] (the thread left as `Blocked`), but `decide(me)`
+    /// runs in place of the publication and may refuse. Then the switch is
+    /// cancelled: `me`'s context is dropped from its descriptor (the
+    /// primitive resumes it itself), the hook hears that `me` is entered
+    /// again, and this returns `false` at once with `next_ctx` unresumed
+    /// (the caller gives it back). Returns `true` once `me` was resumed after
+    /// the switch.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Worker::switch_away`]; `decide` must not publish `me` when it
+    /// returns `false`.
+    #[inline(always)]
+    unsafe fn cond_switch_away(
+        &self,
+        me: TaskRef<C>,
+        next_ctx: Context<C::Policy>,
+        next: Option<TaskRef<C>>,
+        decide: impl FnOnce(TaskRef<C>) -> bool,
+    ) -> bool {
+        // SAFETY: `next_ctx` is ours to resume (the caller's contract). The
+        // hook hears that we left before `decide` can publish us, and that
+        // we are entered again before a cancelled switch returns to our
+        // stack.
+        let r = unsafe {
+            cond_swap_with(next_ctx, move |my_ctx| {
+                me.desc().set_ctx(my_ctx);
+                self.hook_left(me, LeaveReason::Blocked);
+                if decide(me) {
+                    self.running.set(next);
+                    self.note_switch(next);
+                    CondResult::proceed(RESUMED)
+                } else {
+                    let _ = me.desc().take_ctx();
+                    self.hook_entering(me);
+                    CondResult::cancel(CANCELLED)
+                }
+            })
+        };
+        r != CANCELLED
+    }
+
     // --- worker operations ---------------------------------------------------
 
     /// Work-first fork (`suspend_to_new`): suspends the running thread, makes
@@ -700,23 +784,10 @@ impl<C: Config> Worker<C> {
         why: LeaveReason,
         publish: impl FnOnce(TaskRef<C>),
     ) {
-        let me = self
-            .running
-            .get()
-            .expect("suspend from a user-level thread");
+        let me = self.suspending();
         let (next_ctx, next) = self.next_to_run();
-        // SAFETY: `next_ctx` is ours to resume; the ontop function stores our
-        // context before publishing us.
-        unsafe {
-            swap_with(next_ctx, move |my_ctx| {
-                me.desc().set_ctx(my_ctx);
-                self.hook_left(me, why);
-                self.running.set(next);
-                self.note_switch(next);
-                publish(me);
-                RESUMED
-            })
-        };
+        // SAFETY: we are the running thread; `next_ctx` is ours to resume.
+        unsafe { self.switch_away(me, next_ctx, next, why, publish) };
     }
 
     /// Like [`Worker::suspend_to_sched`], but `decide(me)` (run after the save)
@@ -733,42 +804,21 @@ impl<C: Config> Worker<C> {
         &self,
         decide: impl FnOnce(TaskRef<C>) -> bool,
     ) -> bool {
-        let me = self
-            .running
-            .get()
-            .expect("suspend from a user-level thread");
+        let me = self.suspending();
         let (next_ctx, next) = self.next_to_run();
         let raw = next_ctx.as_raw();
-        // SAFETY: as in `suspend_to_sched`; on cancel, our context is dropped
-        // from the descriptor (the primitive resumes it itself). The hook
-        // hears that we left before `decide` can publish us, and that we are
-        // entered again before a cancelled switch returns to our stack.
-        let r = unsafe {
-            cond_swap_with(next_ctx, move |my_ctx| {
-                me.desc().set_ctx(my_ctx);
-                self.hook_left(me, LeaveReason::Blocked);
-                if decide(me) {
-                    self.running.set(next);
-                    self.note_switch(next);
-                    CondResult::proceed(RESUMED)
-                } else {
-                    let _ = me.desc().take_ctx();
-                    self.hook_entering(me);
-                    CondResult::cancel(CANCELLED)
-                }
-            })
-        };
-        if r == CANCELLED {
-            // Still on the same worker: the switch never happened.
-            if let Some(t) = next {
-                self.hook_left(t, LeaveReason::Cancelled);
-            }
-            // SAFETY: `raw` is the context `next_to_run` gave us, unresumed.
-            unsafe { self.unpop(raw, next) };
-            false
-        } else {
-            true
+        // SAFETY: we are the running thread; `next_ctx` is ours to resume;
+        // `decide` publishes us only if it says yes (the caller's contract).
+        if unsafe { self.cond_switch_away(me, next_ctx, next, decide) } {
+            return true;
         }
+        // Still on the same worker: the switch never happened.
+        if let Some(t) = next {
+            self.hook_left(t, LeaveReason::Cancelled);
+        }
+        // SAFETY: `raw` is the context `next_to_run` gave us, unresumed.
+        unsafe { self.unpop(raw, next) };
+        false
     }
 
     /// Suspends the running thread and switches straight to the suspended
@@ -786,24 +836,12 @@ impl<C: Config> Worker<C> {
         why: LeaveReason,
         publish: impl FnOnce(TaskRef<C>),
     ) {
-        let me = self
-            .running
-            .get()
-            .expect("suspend from a user-level thread");
+        let me = self.suspending();
         self.hook_entering(next);
         // SAFETY: per the contract.
         let next_ctx = unsafe { next.desc().take_ctx() };
-        // SAFETY: as in `suspend_to_sched`.
-        unsafe {
-            swap_with(next_ctx, move |my_ctx| {
-                me.desc().set_ctx(my_ctx);
-                self.hook_left(me, why);
-                self.running.set(Some(next));
-                self.note_switch(Some(next));
-                publish(me);
-                RESUMED
-            })
-        };
+        // SAFETY: we are the running thread; `next_ctx` is ours to resume.
+        unsafe { self.switch_away(me, next_ctx, Some(next), why, publish) };
     }
 
     /// Like [`Worker::suspend_to_cont`] but conditional
@@ -821,38 +859,20 @@ impl<C: Config> Worker<C> {
         next: TaskRef<C>,
         decide: impl FnOnce(TaskRef<C>) -> bool,
     ) -> bool {
-        let me = self
-            .running
-            .get()
-            .expect("suspend from a user-level thread");
+        let me = self.suspending();
         self.hook_entering(next);
         // SAFETY: per the contract.
         let next_ctx = unsafe { next.desc().take_ctx() };
         let raw = next_ctx.as_raw();
-        // SAFETY: as in `cond_suspend_to_sched`.
-        let r = unsafe {
-            cond_swap_with(next_ctx, move |my_ctx| {
-                me.desc().set_ctx(my_ctx);
-                self.hook_left(me, LeaveReason::Blocked);
-                if decide(me) {
-                    self.running.set(Some(next));
-                    self.note_switch(Some(next));
-                    CondResult::proceed(RESUMED)
-                } else {
-                    let _ = me.desc().take_ctx();
-                    self.hook_entering(me);
-                    CondResult::cancel(CANCELLED)
-                }
-            })
-        };
-        if r == CANCELLED {
-            self.hook_left(next, LeaveReason::Cancelled);
-            // SAFETY: `next` was not resumed; give its context back.
-            unsafe { next.desc().set_ctx(Context::from_raw(raw)) };
-            false
-        } else {
-            true
+        // SAFETY: we are the running thread; `next_ctx` is ours to resume;
+        // `decide` publishes us only if it says yes (the caller's contract).
+        if unsafe { self.cond_switch_away(me, next_ctx, Some(next), decide) } {
+            return true;
         }
+        self.hook_left(next, LeaveReason::Cancelled);
+        // SAFETY: `next` was not resumed; give its context back.
+        unsafe { next.desc().set_ctx(Context::from_raw(raw)) };
+        false
     }
 
     /// Ends the running thread `me` (`exit_to_cont` / `exit_to_sched`): hands

@@ -207,7 +207,10 @@ impl Task {
 }
 
 impl CThread {
-    /// The initial thread's state (outside any region).
+    /// The initial thread's state (outside any region). The states of a
+    /// region's threads are built from it, with their place in the region
+    /// (struct update): it holds what a thread starts with (no loop, no
+    /// construct, no region of its own, a task pointing nowhere yet).
     pub(crate) fn initial(nthreads_var: usize, schedule: Schedule) -> CThread {
         CThread {
             tt: None,

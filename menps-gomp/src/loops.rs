@@ -265,25 +265,41 @@ fn me(what: &str) -> &'static CThread {
     })
 }
 
+/// A loop variable of GCC's loops, `long` or `unsigned long long`: the
+/// chunks' bounds are handed back in it.
+trait LoopVar: Copy {
+    /// The variable of two's-complement bits `v`.
+    fn from_bits(v: u64) -> Self;
+}
+
+impl LoopVar for c_long {
+    #[inline]
+    fn from_bits(v: u64) -> Self {
+        v as c_long
+    }
+}
+
+impl LoopVar for c_ulonglong {
+    #[inline]
+    fn from_bits(v: u64) -> Self {
+        v
+    }
+}
+
 /// Next chunk into `istart`/`iend`.
 ///
 /// # Safety
 ///
 /// `istart` and `iend` are valid for writes (or null: nothing written).
-unsafe fn next_into<T: Copy>(
-    ct: &CThread,
-    istart: *mut T,
-    iend: *mut T,
-    conv: fn(u64) -> T,
-) -> bool {
+unsafe fn next_into<T: LoopVar>(ct: &CThread, istart: *mut T, iend: *mut T) -> bool {
     match next_chunk(ct) {
         Some((lo, hi)) => {
             let (a, b) = values(&ct.lp.get(), lo, hi);
             if !istart.is_null() {
                 // SAFETY: the caller's contract.
                 unsafe {
-                    *istart = conv(a);
-                    *iend = conv(b);
+                    *istart = T::from_bits(a);
+                    *iend = T::from_bits(b);
                 }
             }
             true
@@ -292,55 +308,17 @@ unsafe fn next_into<T: Copy>(
     }
 }
 
-fn to_long(v: u64) -> c_long {
-    v as c_long
-}
-
-fn to_ull(v: u64) -> c_ulonglong {
-    v
-}
-
-/// Starts a `long` loop and takes the first chunk.
-#[allow(clippy::too_many_arguments)]
-unsafe fn start_long(
-    what: &str,
-    start: c_long,
-    end: c_long,
-    incr: c_long,
-    s: Schedule,
-    ordered: bool,
-    istart: *mut c_long,
-    iend: *mut c_long,
-) -> bool {
-    let ct = me(what);
-    begin(ct, preset(ct, spec_long(start, end, incr), s, ordered));
-    // SAFETY: forwarded.
-    unsafe { next_into(ct, istart, iend, to_long) }
-}
-
-/// Starts an `unsigned long long` loop and takes the first chunk.
-#[allow(clippy::too_many_arguments)]
-unsafe fn start_ull(
-    what: &str,
-    up: bool,
-    start: c_ulonglong,
-    end: c_ulonglong,
-    incr: c_ulonglong,
-    s: Schedule,
-    ordered: bool,
-    istart: *mut c_ulonglong,
-    iend: *mut c_ulonglong,
-) -> bool {
-    let ct = me(what);
-    begin(ct, preset(ct, spec_ull(up, start, end, incr), s, ordered));
-    // SAFETY: forwarded.
-    unsafe { next_into(ct, istart, iend, to_ull) }
-}
-
+/// The chunk argument of a `long` entry point (negative: none).
 fn chunk_of(chunk: c_long) -> usize {
     chunk.max(0) as usize
 }
 
+/// The chunk argument of an `unsigned long long` entry point.
+fn chunk_of_ull(chunk: c_ulonglong) -> usize {
+    chunk.min(usize::MAX as u64) as usize
+}
+
+/// `schedule(static)` with chunk `chunk` (0: none, one block a thread).
 fn static_schedule(chunk: usize) -> Schedule {
     if chunk == 0 {
         Schedule::Static
@@ -349,178 +327,14 @@ fn static_schedule(chunk: usize) -> Schedule {
     }
 }
 
-/// Defines `GOMP_loop_<name>_start` and `_next` for `long` loops.
-macro_rules! long_loops {
-    ($( $start:ident, $next:ident, $ordered:expr, |$c:ident| $sched:expr; )*) => {$(
-        #[doc = concat!("`", stringify!($start), "`: begins a loop and takes the first chunk.")]
-        ///
-        /// # Safety
-        ///
-        /// Called by GCC's code with valid pointers for the chunk.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $start(
-            start: c_long,
-            end: c_long,
-            incr: c_long,
-            chunk: c_long,
-            istart: *mut c_long,
-            iend: *mut c_long,
-        ) -> bool {
-            let $c = chunk_of(chunk);
-            // SAFETY: forwarded.
-            unsafe { start_long(stringify!($start), start, end, incr, $sched, $ordered, istart, iend) }
-        }
-
-        #[doc = concat!("`", stringify!($next), "`: the next chunk.")]
-        ///
-        /// # Safety
-        ///
-        /// Called by GCC's code with valid pointers for the chunk.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $next(istart: *mut c_long, iend: *mut c_long) -> bool {
-            // SAFETY: forwarded.
-            unsafe { next_into(me(stringify!($next)), istart, iend, to_long) }
-        }
-    )*};
+/// `schedule([nonmonotonic:]dynamic)` with chunk `chunk` (at least 1).
+fn dynamic_schedule(chunk: usize) -> Schedule {
+    Schedule::Dynamic(chunk.max(1))
 }
 
-long_loops! {
-    GOMP_loop_static_start, GOMP_loop_static_next, false, |c| static_schedule(c);
-    GOMP_loop_dynamic_start, GOMP_loop_dynamic_next, false, |c| Schedule::Dynamic(c.max(1));
-    GOMP_loop_guided_start, GOMP_loop_guided_next, false, |c| Schedule::Guided(c.max(1));
-    GOMP_loop_nonmonotonic_dynamic_start, GOMP_loop_nonmonotonic_dynamic_next, false, |c| Schedule::Dynamic(c.max(1));
-    GOMP_loop_nonmonotonic_guided_start, GOMP_loop_nonmonotonic_guided_next, false, |c| Schedule::Guided(c.max(1));
-    GOMP_loop_ordered_static_start, GOMP_loop_ordered_static_next, true, |c| static_schedule(c);
-    GOMP_loop_ordered_dynamic_start, GOMP_loop_ordered_dynamic_next, true, |c| Schedule::Dynamic(c.max(1));
-    GOMP_loop_ordered_guided_start, GOMP_loop_ordered_guided_next, true, |c| Schedule::Guided(c.max(1));
-}
-
-/// Defines the run-time-schedule `long` loops (no chunk argument).
-macro_rules! long_runtime_loops {
-    ($( $start:ident, $next:ident, $ordered:expr; )*) => {$(
-        #[doc = concat!("`", stringify!($start), "`: begins a loop of the run-time schedule.")]
-        ///
-        /// # Safety
-        ///
-        /// Called by GCC's code with valid pointers for the chunk.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $start(
-            start: c_long,
-            end: c_long,
-            incr: c_long,
-            istart: *mut c_long,
-            iend: *mut c_long,
-        ) -> bool {
-            // SAFETY: forwarded.
-            unsafe { start_long(stringify!($start), start, end, incr, Schedule::Runtime, $ordered, istart, iend) }
-        }
-
-        #[doc = concat!("`", stringify!($next), "`: the next chunk.")]
-        ///
-        /// # Safety
-        ///
-        /// Called by GCC's code with valid pointers for the chunk.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $next(istart: *mut c_long, iend: *mut c_long) -> bool {
-            // SAFETY: forwarded.
-            unsafe { next_into(me(stringify!($next)), istart, iend, to_long) }
-        }
-    )*};
-}
-
-long_runtime_loops! {
-    GOMP_loop_runtime_start, GOMP_loop_runtime_next, false;
-    GOMP_loop_nonmonotonic_runtime_start, GOMP_loop_nonmonotonic_runtime_next, false;
-    GOMP_loop_maybe_nonmonotonic_runtime_start, GOMP_loop_maybe_nonmonotonic_runtime_next, false;
-    GOMP_loop_ordered_runtime_start, GOMP_loop_ordered_runtime_next, true;
-}
-
-/// Defines `GOMP_loop_ull_<name>_start` and `_next`.
-macro_rules! ull_loops {
-    ($( $start:ident, $next:ident, $ordered:expr, |$c:ident| $sched:expr; )*) => {$(
-        #[doc = concat!("`", stringify!($start), "`: begins an `unsigned long long` loop.")]
-        ///
-        /// # Safety
-        ///
-        /// Called by GCC's code with valid pointers for the chunk.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $start(
-            up: bool,
-            start: c_ulonglong,
-            end: c_ulonglong,
-            incr: c_ulonglong,
-            chunk: c_ulonglong,
-            istart: *mut c_ulonglong,
-            iend: *mut c_ulonglong,
-        ) -> bool {
-            let $c = chunk.min(usize::MAX as u64) as usize;
-            // SAFETY: forwarded.
-            unsafe { start_ull(stringify!($start), up, start, end, incr, $sched, $ordered, istart, iend) }
-        }
-
-        #[doc = concat!("`", stringify!($next), "`: the next chunk.")]
-        ///
-        /// # Safety
-        ///
-        /// Called by GCC's code with valid pointers for the chunk.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $next(istart: *mut c_ulonglong, iend: *mut c_ulonglong) -> bool {
-            // SAFETY: forwarded.
-            unsafe { next_into(me(stringify!($next)), istart, iend, to_ull) }
-        }
-    )*};
-}
-
-ull_loops! {
-    GOMP_loop_ull_static_start, GOMP_loop_ull_static_next, false, |c| static_schedule(c);
-    GOMP_loop_ull_dynamic_start, GOMP_loop_ull_dynamic_next, false, |c| Schedule::Dynamic(c.max(1));
-    GOMP_loop_ull_guided_start, GOMP_loop_ull_guided_next, false, |c| Schedule::Guided(c.max(1));
-    GOMP_loop_ull_nonmonotonic_dynamic_start, GOMP_loop_ull_nonmonotonic_dynamic_next, false, |c| Schedule::Dynamic(c.max(1));
-    GOMP_loop_ull_nonmonotonic_guided_start, GOMP_loop_ull_nonmonotonic_guided_next, false, |c| Schedule::Guided(c.max(1));
-    GOMP_loop_ull_ordered_static_start, GOMP_loop_ull_ordered_static_next, true, |c| static_schedule(c);
-    GOMP_loop_ull_ordered_dynamic_start, GOMP_loop_ull_ordered_dynamic_next, true, |c| Schedule::Dynamic(c.max(1));
-    GOMP_loop_ull_ordered_guided_start, GOMP_loop_ull_ordered_guided_next, true, |c| Schedule::Guided(c.max(1));
-}
-
-/// Defines the run-time-schedule `unsigned long long` loops.
-macro_rules! ull_runtime_loops {
-    ($( $start:ident, $next:ident, $ordered:expr; )*) => {$(
-        #[doc = concat!("`", stringify!($start), "`: begins an `unsigned long long` loop of the run-time schedule.")]
-        ///
-        /// # Safety
-        ///
-        /// Called by GCC's code with valid pointers for the chunk.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $start(
-            up: bool,
-            start: c_ulonglong,
-            end: c_ulonglong,
-            incr: c_ulonglong,
-            istart: *mut c_ulonglong,
-            iend: *mut c_ulonglong,
-        ) -> bool {
-            // SAFETY: forwarded.
-            unsafe { start_ull(stringify!($start), up, start, end, incr, Schedule::Runtime, $ordered, istart, iend) }
-        }
-
-        #[doc = concat!("`", stringify!($next), "`: the next chunk.")]
-        ///
-        /// # Safety
-        ///
-        /// Called by GCC's code with valid pointers for the chunk.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $next(istart: *mut c_ulonglong, iend: *mut c_ulonglong) -> bool {
-            // SAFETY: forwarded.
-            unsafe { next_into(me(stringify!($next)), istart, iend, to_ull) }
-        }
-    )*};
-}
-
-ull_runtime_loops! {
-    GOMP_loop_ull_runtime_start, GOMP_loop_ull_runtime_next, false;
-    GOMP_loop_ull_nonmonotonic_runtime_start, GOMP_loop_ull_nonmonotonic_runtime_next, false;
-    GOMP_loop_ull_maybe_nonmonotonic_runtime_start, GOMP_loop_ull_maybe_nonmonotonic_runtime_next, false;
-    GOMP_loop_ull_ordered_runtime_start, GOMP_loop_ull_ordered_runtime_next, true;
+/// `schedule([nonmonotonic:]guided)` with chunk `chunk` (at least 1).
+fn guided_schedule(chunk: usize) -> Schedule {
+    Schedule::Guided(chunk.max(1))
 }
 
 /// Refuses the task-reduction and shared-memory arguments of the generic
@@ -538,146 +352,219 @@ fn plain_only(what: &str, reductions: *mut usize, mem: *mut *mut c_void) {
     }
 }
 
-/// `GOMP_loop_start`: the generic loop entry point of GCC 9 and later.
+/// `GOMP_loop[_ull]_*_start` (`what`): begins loop `spec` of schedule `s`
+/// on the calling thread and takes its first chunk.
 ///
 /// # Safety
 ///
-/// Called by GCC's code with valid pointers for the chunk.
-#[unsafe(no_mangle)]
+/// `istart` and `iend` are valid for writes (or null: nothing written).
+unsafe fn loop_start<T: LoopVar>(
+    what: &str,
+    spec: Spec,
+    s: Schedule,
+    ordered: bool,
+    istart: *mut T,
+    iend: *mut T,
+) -> bool {
+    let ct = me(what);
+    begin(ct, preset(ct, spec, s, ordered));
+    // SAFETY: forwarded.
+    unsafe { next_into(ct, istart, iend) }
+}
+
+/// `GOMP_loop[_ull]_*_next` (`what`): the calling thread's next chunk.
+///
+/// # Safety
+///
+/// `istart` and `iend` are valid for writes (or null: nothing written).
+unsafe fn loop_next<T: LoopVar>(what: &str, istart: *mut T, iend: *mut T) -> bool {
+    // SAFETY: forwarded.
+    unsafe { next_into(me(what), istart, iend) }
+}
+
+/// `GOMP_loop[_ull][_ordered]_start` (`what`), the generic entry points of
+/// GCC 9 and later: [`loop_start`] with the schedule as GCC's code
+/// ([`schedule_code`]); task reductions and team memory are refused.
+///
+/// # Safety
+///
+/// `istart` and `iend` are valid for writes (or null: nothing written).
 #[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn GOMP_loop_start(
-    start: c_long,
-    end: c_long,
-    incr: c_long,
+unsafe fn loop_start_coded<T: LoopVar>(
+    what: &str,
+    spec: Spec,
     sched: c_long,
     chunk: c_long,
-    istart: *mut c_long,
-    iend: *mut c_long,
+    ordered: bool,
+    istart: *mut T,
+    iend: *mut T,
     reductions: *mut usize,
     mem: *mut *mut c_void,
 ) -> bool {
-    plain_only("GOMP_loop_start", reductions, mem);
+    plain_only(what, reductions, mem);
+    let s = schedule_code(sched, chunk);
     // SAFETY: forwarded.
-    unsafe {
-        start_long(
-            "GOMP_loop_start",
-            start,
-            end,
-            incr,
-            schedule_code(sched, chunk),
-            false,
-            istart,
-            iend,
-        )
-    }
+    unsafe { loop_start(what, spec, s, ordered, istart, iend) }
 }
 
-/// `GOMP_loop_ordered_start`: the generic ordered loop entry point.
+/// How a combined entry point runs its region: [`parallel_region`] (to its
+/// end) or [`parallel_start`] (GCC before 4.9: the caller goes on as thread
+/// 0 until `GOMP_parallel_end`).
+type RunRegion = unsafe fn(OutlinedFn, *mut c_void, c_uint, LoopState);
+
+/// The combined entry points (`what`: `GOMP_parallel_loop_*`,
+/// `GOMP_parallel_sections[_start]`): `run` runs a region of `f(data)`
+/// whose threads start in the work-sharing construct `construct` gives the
+/// state of (before any chunk is taken).
 ///
 /// # Safety
 ///
-/// Called by GCC's code with valid pointers for the chunk.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn GOMP_loop_ordered_start(
-    start: c_long,
-    end: c_long,
-    incr: c_long,
-    sched: c_long,
-    chunk: c_long,
-    istart: *mut c_long,
-    iend: *mut c_long,
-    reductions: *mut usize,
-    mem: *mut *mut c_void,
-) -> bool {
-    plain_only("GOMP_loop_ordered_start", reductions, mem);
+/// `f` and `data` are GCC's outlined function and its data.
+unsafe fn combined(
+    what: &str,
+    run: RunRegion,
+    f: OutlinedFn,
+    data: *mut c_void,
+    num_threads: c_uint,
+    construct: impl FnOnce(&CThread) -> LoopState,
+) {
+    let ct = me(what);
+    let lp = construct(ct);
     // SAFETY: forwarded.
-    unsafe {
-        start_long(
-            "GOMP_loop_ordered_start",
-            start,
-            end,
-            incr,
-            schedule_code(sched, chunk),
-            true,
-            istart,
-            iend,
-        )
-    }
+    unsafe { run(f, data, num_threads, lp) }
 }
 
-/// `GOMP_loop_ull_start`.
+/// Defines libgomp's loop entry points from the table below: each a
+/// `#[unsafe(no_mangle)] pub unsafe extern "C" fn` of GCC's signature whose
+/// body is one call of the shared implementation above, given the entry
+/// point's name for messages. The rows, by kind:
 ///
-/// # Safety
-///
-/// Called by GCC's code with valid pointers for the chunk.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn GOMP_loop_ull_start(
-    up: bool,
-    start: c_ulonglong,
-    end: c_ulonglong,
-    incr: c_ulonglong,
-    sched: c_long,
-    chunk: c_ulonglong,
-    istart: *mut c_ulonglong,
-    iend: *mut c_ulonglong,
-    reductions: *mut usize,
-    mem: *mut *mut c_void,
-) -> bool {
-    plain_only("GOMP_loop_ull_start", reductions, mem);
-    let s = schedule_code(sched, chunk.min(c_long::MAX as u64) as c_long);
-    // SAFETY: forwarded.
-    unsafe {
-        start_ull(
-            "GOMP_loop_ull_start",
-            up,
-            start,
-            end,
-            incr,
-            s,
-            false,
-            istart,
-            iend,
-        )
-    }
+/// - `chunked(schedule, ordered) start, next, ull_start, ull_next;`:
+///   `GOMP_loop_<kind>_start(start, end, incr, chunk, istart, iend)` and
+///   `_next(istart, iend)` on `long`, and their `unsigned long long` forms
+///   `GOMP_loop_ull_<kind>_*` (with the direction `up` first); `schedule`
+///   turns the chunk into the [`Schedule`];
+/// - `runtime(ordered) start, next, ull_start, ull_next;`: the same of the
+///   run-time schedule, without the chunk;
+/// - `coded(ordered) name, ull_name;`: GCC 9's generic
+///   `GOMP_loop[_ull][_ordered]_start`, the schedule given as a code;
+/// - `parallel(schedule) name;`, `parallel_runtime name;`: the combined
+///   `GOMP_parallel_loop_*` (with `flags`), which run the region to its end;
+/// - `parallel_start(schedule) name;`, `parallel_runtime_start name;`: the
+///   old combined `GOMP_parallel_loop_*_start` (no `flags`), after which the
+///   caller goes on as the region's thread 0.
+macro_rules! loop_entry_points {
+    () => {};
+    (chunked($sched:path, $ordered:literal) $start:ident, $next:ident, $ull_start:ident, $ull_next:ident; $($rest:tt)*) => {
+        loop_entry_points!(@fn $start, "begins a loop and takes the first chunk", LOOP_SAFETY,
+            (start: c_long, end: c_long, incr: c_long, chunk: c_long, istart: *mut c_long, iend: *mut c_long) -> bool,
+            loop_start(stringify!($start), spec_long(start, end, incr), $sched(chunk_of(chunk)), $ordered, istart, iend));
+        loop_entry_points!(@fn $ull_start, "begins an `unsigned long long` loop", LOOP_SAFETY,
+            (up: bool, start: c_ulonglong, end: c_ulonglong, incr: c_ulonglong, chunk: c_ulonglong, istart: *mut c_ulonglong, iend: *mut c_ulonglong) -> bool,
+            loop_start(stringify!($ull_start), spec_ull(up, start, end, incr), $sched(chunk_of_ull(chunk)), $ordered, istart, iend));
+        loop_entry_points!(@next $next, $ull_next);
+        loop_entry_points!($($rest)*);
+    };
+    (runtime($ordered:literal) $start:ident, $next:ident, $ull_start:ident, $ull_next:ident; $($rest:tt)*) => {
+        loop_entry_points!(@fn $start, "begins a loop of the run-time schedule", LOOP_SAFETY,
+            (start: c_long, end: c_long, incr: c_long, istart: *mut c_long, iend: *mut c_long) -> bool,
+            loop_start(stringify!($start), spec_long(start, end, incr), Schedule::Runtime, $ordered, istart, iend));
+        loop_entry_points!(@fn $ull_start, "begins an `unsigned long long` loop of the run-time schedule", LOOP_SAFETY,
+            (up: bool, start: c_ulonglong, end: c_ulonglong, incr: c_ulonglong, istart: *mut c_ulonglong, iend: *mut c_ulonglong) -> bool,
+            loop_start(stringify!($ull_start), spec_ull(up, start, end, incr), Schedule::Runtime, $ordered, istart, iend));
+        loop_entry_points!(@next $next, $ull_next);
+        loop_entry_points!($($rest)*);
+    };
+    (coded($ordered:literal) $name:ident, $ull_name:ident; $($rest:tt)*) => {
+        loop_entry_points!(@fn $name, "a loop entry point of GCC 9 and later", LOOP_SAFETY,
+            (start: c_long, end: c_long, incr: c_long, sched: c_long, chunk: c_long, istart: *mut c_long, iend: *mut c_long, reductions: *mut usize, mem: *mut *mut c_void) -> bool,
+            loop_start_coded(stringify!($name), spec_long(start, end, incr), sched, chunk, $ordered, istart, iend, reductions, mem));
+        loop_entry_points!(@fn $ull_name, "an `unsigned long long` loop entry point of GCC 9 and later", LOOP_SAFETY,
+            (up: bool, start: c_ulonglong, end: c_ulonglong, incr: c_ulonglong, sched: c_long, chunk: c_ulonglong, istart: *mut c_ulonglong, iend: *mut c_ulonglong, reductions: *mut usize, mem: *mut *mut c_void) -> bool,
+            loop_start_coded(stringify!($ull_name), spec_ull(up, start, end, incr), sched, chunk.min(c_long::MAX as u64) as c_long, $ordered, istart, iend, reductions, mem));
+        loop_entry_points!($($rest)*);
+    };
+    (parallel($sched:path) $name:ident; $($rest:tt)*) => {
+        loop_entry_points!(@fn $name, "a parallel region whose threads start in a loop", REGION_SAFETY,
+            (f: OutlinedFn, data: *mut c_void, num_threads: c_uint, start: c_long, end: c_long, incr: c_long, chunk: c_long, _flags: c_uint),
+            combined(stringify!($name), parallel_region, f, data, num_threads, |ct| preset(ct, spec_long(start, end, incr), $sched(chunk_of(chunk)), false)));
+        loop_entry_points!($($rest)*);
+    };
+    (parallel_runtime $name:ident; $($rest:tt)*) => {
+        loop_entry_points!(@fn $name, "a parallel region whose threads start in a loop of the run-time schedule", REGION_SAFETY,
+            (f: OutlinedFn, data: *mut c_void, num_threads: c_uint, start: c_long, end: c_long, incr: c_long, _flags: c_uint),
+            combined(stringify!($name), parallel_region, f, data, num_threads, |ct| preset(ct, spec_long(start, end, incr), Schedule::Runtime, false)));
+        loop_entry_points!($($rest)*);
+    };
+    (parallel_start($sched:path) $name:ident; $($rest:tt)*) => {
+        loop_entry_points!(@fn $name, "begins a region whose threads start in a loop; the caller is its thread 0 (GCC before 4.9)", REGION_SAFETY,
+            (f: OutlinedFn, data: *mut c_void, num_threads: c_uint, start: c_long, end: c_long, incr: c_long, chunk: c_long),
+            combined(stringify!($name), parallel_start, f, data, num_threads, |ct| preset(ct, spec_long(start, end, incr), $sched(chunk_of(chunk)), false)));
+        loop_entry_points!($($rest)*);
+    };
+    (parallel_runtime_start $name:ident; $($rest:tt)*) => {
+        loop_entry_points!(@fn $name, "begins a region whose threads start in a loop of the run-time schedule; the caller is its thread 0 (GCC before 4.9)", REGION_SAFETY,
+            (f: OutlinedFn, data: *mut c_void, num_threads: c_uint, start: c_long, end: c_long, incr: c_long),
+            combined(stringify!($name), parallel_start, f, data, num_threads, |ct| preset(ct, spec_long(start, end, incr), Schedule::Runtime, false)));
+        loop_entry_points!($($rest)*);
+    };
+    // `GOMP_loop_*_next` and `GOMP_loop_ull_*_next`.
+    (@next $next:ident, $ull_next:ident) => {
+        loop_entry_points!(@fn $next, "the next chunk", LOOP_SAFETY,
+            (istart: *mut c_long, iend: *mut c_long) -> bool, loop_next(stringify!($next), istart, iend));
+        loop_entry_points!(@fn $ull_next, "the next chunk", LOOP_SAFETY,
+            (istart: *mut c_ulonglong, iend: *mut c_ulonglong) -> bool, loop_next(stringify!($ull_next), istart, iend));
+    };
+    // One entry point: its name, what it does, its safety contract (the
+    // kind of arguments GCC passes valid), its parameters and its body.
+    (@fn $name:ident, $does:literal, LOOP_SAFETY, $($tail:tt)*) => {
+        loop_entry_points!(@emit $name, $does, "Called by GCC's code with valid pointers for the chunk.", $($tail)*);
+    };
+    (@fn $name:ident, $does:literal, REGION_SAFETY, $($tail:tt)*) => {
+        loop_entry_points!(@emit $name, $does, "Called by GCC's code with its outlined function and data.", $($tail)*);
+    };
+    (@emit $name:ident, $does:literal, $safety:literal, ($($arg:ident: $ty:ty),*) $(-> $ret:ty)?, $body:expr) => {
+        #[doc = concat!("`", stringify!($name), "`: ", $does, ".")]
+        ///
+        /// # Safety
+        ///
+        #[doc = $safety]
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) $(-> $ret)? {
+            // SAFETY: forwarded (the caller's contract).
+            unsafe { $body }
+        }
+    };
 }
 
-/// `GOMP_loop_ull_ordered_start`.
-///
-/// # Safety
-///
-/// Called by GCC's code with valid pointers for the chunk.
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn GOMP_loop_ull_ordered_start(
-    up: bool,
-    start: c_ulonglong,
-    end: c_ulonglong,
-    incr: c_ulonglong,
-    sched: c_long,
-    chunk: c_ulonglong,
-    istart: *mut c_ulonglong,
-    iend: *mut c_ulonglong,
-    reductions: *mut usize,
-    mem: *mut *mut c_void,
-) -> bool {
-    plain_only("GOMP_loop_ull_ordered_start", reductions, mem);
-    let s = schedule_code(sched, chunk.min(c_long::MAX as u64) as c_long);
-    // SAFETY: forwarded.
-    unsafe {
-        start_ull(
-            "GOMP_loop_ull_ordered_start",
-            up,
-            start,
-            end,
-            incr,
-            s,
-            true,
-            istart,
-            iend,
-        )
-    }
+loop_entry_points! {
+    chunked(static_schedule, false) GOMP_loop_static_start, GOMP_loop_static_next, GOMP_loop_ull_static_start, GOMP_loop_ull_static_next;
+    chunked(dynamic_schedule, false) GOMP_loop_dynamic_start, GOMP_loop_dynamic_next, GOMP_loop_ull_dynamic_start, GOMP_loop_ull_dynamic_next;
+    chunked(guided_schedule, false) GOMP_loop_guided_start, GOMP_loop_guided_next, GOMP_loop_ull_guided_start, GOMP_loop_ull_guided_next;
+    chunked(dynamic_schedule, false) GOMP_loop_nonmonotonic_dynamic_start, GOMP_loop_nonmonotonic_dynamic_next, GOMP_loop_ull_nonmonotonic_dynamic_start, GOMP_loop_ull_nonmonotonic_dynamic_next;
+    chunked(guided_schedule, false) GOMP_loop_nonmonotonic_guided_start, GOMP_loop_nonmonotonic_guided_next, GOMP_loop_ull_nonmonotonic_guided_start, GOMP_loop_ull_nonmonotonic_guided_next;
+    chunked(static_schedule, true) GOMP_loop_ordered_static_start, GOMP_loop_ordered_static_next, GOMP_loop_ull_ordered_static_start, GOMP_loop_ull_ordered_static_next;
+    chunked(dynamic_schedule, true) GOMP_loop_ordered_dynamic_start, GOMP_loop_ordered_dynamic_next, GOMP_loop_ull_ordered_dynamic_start, GOMP_loop_ull_ordered_dynamic_next;
+    chunked(guided_schedule, true) GOMP_loop_ordered_guided_start, GOMP_loop_ordered_guided_next, GOMP_loop_ull_ordered_guided_start, GOMP_loop_ull_ordered_guided_next;
+    runtime(false) GOMP_loop_runtime_start, GOMP_loop_runtime_next, GOMP_loop_ull_runtime_start, GOMP_loop_ull_runtime_next;
+    runtime(false) GOMP_loop_nonmonotonic_runtime_start, GOMP_loop_nonmonotonic_runtime_next, GOMP_loop_ull_nonmonotonic_runtime_start, GOMP_loop_ull_nonmonotonic_runtime_next;
+    runtime(false) GOMP_loop_maybe_nonmonotonic_runtime_start, GOMP_loop_maybe_nonmonotonic_runtime_next, GOMP_loop_ull_maybe_nonmonotonic_runtime_start, GOMP_loop_ull_maybe_nonmonotonic_runtime_next;
+    runtime(true) GOMP_loop_ordered_runtime_start, GOMP_loop_ordered_runtime_next, GOMP_loop_ull_ordered_runtime_start, GOMP_loop_ull_ordered_runtime_next;
+    coded(false) GOMP_loop_start, GOMP_loop_ull_start;
+    coded(true) GOMP_loop_ordered_start, GOMP_loop_ull_ordered_start;
+    parallel(static_schedule) GOMP_parallel_loop_static;
+    parallel(dynamic_schedule) GOMP_parallel_loop_dynamic;
+    parallel(guided_schedule) GOMP_parallel_loop_guided;
+    parallel(dynamic_schedule) GOMP_parallel_loop_nonmonotonic_dynamic;
+    parallel(guided_schedule) GOMP_parallel_loop_nonmonotonic_guided;
+    parallel_runtime GOMP_parallel_loop_runtime;
+    parallel_runtime GOMP_parallel_loop_nonmonotonic_runtime;
+    parallel_runtime GOMP_parallel_loop_maybe_nonmonotonic_runtime;
+    parallel_start(static_schedule) GOMP_parallel_loop_static_start;
+    parallel_start(dynamic_schedule) GOMP_parallel_loop_dynamic_start;
+    parallel_start(guided_schedule) GOMP_parallel_loop_guided_start;
+    parallel_runtime_start GOMP_parallel_loop_runtime_start;
 }
 
 /// `GOMP_loop_end`: this thread's part of the loop is done; the barrier.
@@ -744,7 +631,7 @@ fn next_section(ct: &CThread) -> c_uint {
     let mut a: c_long = 0;
     let mut b: c_long = 0;
     // SAFETY: valid places for the chunk.
-    if unsafe { next_into(ct, &mut a, &mut b, to_long) } {
+    if unsafe { next_into(ct, &mut a, &mut b) } {
         a as c_uint
     } else {
         0
@@ -814,101 +701,17 @@ pub unsafe extern "C" fn GOMP_parallel_sections(
     count: c_uint,
     _flags: c_uint,
 ) {
-    let ct = me("GOMP_parallel_sections");
-    let lp = sections_preset(ct, count);
     // SAFETY: forwarded.
-    unsafe { parallel_region(f, data, num_threads, lp) }
-}
-
-/// Defines the combined `GOMP_parallel_loop_<name>` entry points.
-macro_rules! parallel_loops {
-    ($( $name:ident, |$c:ident| $sched:expr; )*) => {$(
-        #[doc = concat!("`", stringify!($name), "`: a parallel region whose threads start in a loop.")]
-        ///
-        /// # Safety
-        ///
-        /// Called by GCC's code with its outlined function and data.
-        #[unsafe(no_mangle)]
-        #[allow(clippy::too_many_arguments)]
-        pub unsafe extern "C" fn $name(
-            f: OutlinedFn,
-            data: *mut c_void,
-            num_threads: c_uint,
-            start: c_long,
-            end: c_long,
-            incr: c_long,
-            chunk: c_long,
-            _flags: c_uint,
-        ) {
-            let $c = chunk_of(chunk);
-            let ct = me(stringify!($name));
-            let lp = preset(ct, spec_long(start, end, incr), $sched, false);
-            // SAFETY: forwarded.
-            unsafe { parallel_region(f, data, num_threads, lp) }
-        }
-    )*};
-}
-
-parallel_loops! {
-    GOMP_parallel_loop_static, |c| static_schedule(c);
-    GOMP_parallel_loop_dynamic, |c| Schedule::Dynamic(c.max(1));
-    GOMP_parallel_loop_guided, |c| Schedule::Guided(c.max(1));
-    GOMP_parallel_loop_nonmonotonic_dynamic, |c| Schedule::Dynamic(c.max(1));
-    GOMP_parallel_loop_nonmonotonic_guided, |c| Schedule::Guided(c.max(1));
-}
-
-/// Defines the old combined `GOMP_parallel_loop_<name>_start` entry points
-/// (GCC before 4.9: the caller is thread 0 until `GOMP_parallel_end`).
-macro_rules! parallel_loop_starts {
-    ($( $name:ident, |$c:ident| $sched:expr; )*) => {$(
-        #[doc = concat!("`", stringify!($name), "`: begins a region whose threads start in a loop; the caller is its thread 0.")]
-        ///
-        /// # Safety
-        ///
-        /// Called by GCC's code with its outlined function and data.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            f: OutlinedFn,
-            data: *mut c_void,
-            num_threads: c_uint,
-            start: c_long,
-            end: c_long,
-            incr: c_long,
-            chunk: c_long,
-        ) {
-            let $c = chunk_of(chunk);
-            let ct = me(stringify!($name));
-            let lp = preset(ct, spec_long(start, end, incr), $sched, false);
-            // SAFETY: forwarded.
-            unsafe { parallel_start(f, data, num_threads, lp) }
-        }
-    )*};
-}
-
-parallel_loop_starts! {
-    GOMP_parallel_loop_static_start, |c| static_schedule(c);
-    GOMP_parallel_loop_dynamic_start, |c| Schedule::Dynamic(c.max(1));
-    GOMP_parallel_loop_guided_start, |c| Schedule::Guided(c.max(1));
-}
-
-/// `GOMP_parallel_loop_runtime_start` (GCC before 4.9).
-///
-/// # Safety
-///
-/// Called by GCC's code with its outlined function and data.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn GOMP_parallel_loop_runtime_start(
-    f: OutlinedFn,
-    data: *mut c_void,
-    num_threads: c_uint,
-    start: c_long,
-    end: c_long,
-    incr: c_long,
-) {
-    let ct = me("GOMP_parallel_loop_runtime_start");
-    let lp = preset(ct, spec_long(start, end, incr), Schedule::Runtime, false);
-    // SAFETY: forwarded.
-    unsafe { parallel_start(f, data, num_threads, lp) }
+    unsafe {
+        combined(
+            "GOMP_parallel_sections",
+            parallel_region,
+            f,
+            data,
+            num_threads,
+            |ct| sections_preset(ct, count),
+        )
+    }
 }
 
 /// `GOMP_parallel_sections_start` (GCC before 4.9): a region whose
@@ -924,42 +727,17 @@ pub unsafe extern "C" fn GOMP_parallel_sections_start(
     num_threads: c_uint,
     count: c_uint,
 ) {
-    let ct = me("GOMP_parallel_sections_start");
-    let lp = sections_preset(ct, count);
     // SAFETY: forwarded.
-    unsafe { parallel_start(f, data, num_threads, lp) }
-}
-
-/// Defines the combined run-time-schedule entry points.
-macro_rules! parallel_runtime_loops {
-    ($( $name:ident; )*) => {$(
-        #[doc = concat!("`", stringify!($name), "`: a parallel region whose threads start in a loop of the run-time schedule.")]
-        ///
-        /// # Safety
-        ///
-        /// Called by GCC's code with its outlined function and data.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            f: OutlinedFn,
-            data: *mut c_void,
-            num_threads: c_uint,
-            start: c_long,
-            end: c_long,
-            incr: c_long,
-            _flags: c_uint,
-        ) {
-            let ct = me(stringify!($name));
-            let lp = preset(ct, spec_long(start, end, incr), Schedule::Runtime, false);
-            // SAFETY: forwarded.
-            unsafe { parallel_region(f, data, num_threads, lp) }
-        }
-    )*};
-}
-
-parallel_runtime_loops! {
-    GOMP_parallel_loop_runtime;
-    GOMP_parallel_loop_nonmonotonic_runtime;
-    GOMP_parallel_loop_maybe_nonmonotonic_runtime;
+    unsafe {
+        combined(
+            "GOMP_parallel_sections_start",
+            parallel_start,
+            f,
+            data,
+            num_threads,
+            |ct| sections_preset(ct, count),
+        )
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use menps_dsm::dsm::allocator::RuntimeGuard;
 use menps_dsm::dsm::team::{OpenFork, TeamThread};
 
 use crate::{
-    CThread, LoopKind, LoopState, Region, Task, current_task, current_thread, die, enter_task,
+    CThread, LoopKind, LoopState, Region, current_task, current_thread, die, enter_task,
     leave_task, rt,
 };
 use menps_omp::Schedule;
@@ -64,6 +64,34 @@ fn encountered(what: &str, num_threads: c_uint) -> (&'static CThread, usize, boo
     (me, n, is_main && n > 1)
 }
 
+impl Region {
+    /// The description of a region of `f(data)` that thread `me` starts, its
+    /// threads at nesting level `level` (`active_level` active ones) and
+    /// starting in loop `preset`; its work-sharing numbers start at the
+    /// runtime's next one.
+    fn new(
+        me: &CThread,
+        f: OutlinedFn,
+        data: *mut c_void,
+        preset: LoopState,
+        level: u32,
+        active_level: u32,
+    ) -> Region {
+        Region {
+            seq_base: rt().next_seq.load(Ordering::Relaxed),
+            schedule: me.schedule.get().encode(),
+            fn_: f as usize,
+            data: data as usize,
+            preset,
+            seq_end: AtomicU64::new(u64::MAX),
+            level,
+            active_level,
+            nthreads_var: me.nthreads_var.get(),
+            carrier0: crate::tls::current(),
+        }
+    }
+}
+
 /// Runs a region whose threads start in loop `preset` (none if its kind is
 /// `None`).
 ///
@@ -82,18 +110,7 @@ pub(crate) unsafe fn parallel_region(
         // SAFETY: forwarded.
         return unsafe { serial_region(me, f, data, preset) };
     }
-    let region = Region {
-        seq_base: rt.next_seq.load(Ordering::Relaxed),
-        schedule: me.schedule.get().encode(),
-        fn_: f as usize,
-        data: data as usize,
-        preset,
-        seq_end: AtomicU64::new(u64::MAX),
-        level: 1,
-        active_level: 1,
-        nthreads_var: me.nthreads_var.get(),
-        carrier0: crate::tls::current(),
-    };
+    let region = Region::new(me, f, data, preset, 1, 1);
     rt.next_region.fetch_add(1, Ordering::Relaxed);
     crate::start::flush_output();
     // Thread 0 takes over this thread's thread-local area for the region:
@@ -135,14 +152,8 @@ unsafe fn team_thread(tt: &TeamThread<'_>, data: *mut u8) {
             num_threads,
             level: region.level,
             active_level: region.active_level,
-            parent: None,
-            schedule: Cell::new(Schedule::decode(region.schedule)),
-            nthreads_var: Cell::new(region.nthreads_var),
             seq: Cell::new(region.seq_base),
-            lp: Cell::new(LoopState::default()),
-            copy_seq: Cell::new(0),
-            open: Cell::new(core::ptr::null_mut()),
-            task: Task::new(core::ptr::null(), false),
+            ..CThread::initial(region.nthreads_var, Schedule::decode(region.schedule))
         });
         ct.task.thread.set(&*ct);
         ct
@@ -188,19 +199,10 @@ unsafe fn serial_region(me: &CThread, f: OutlinedFn, data: *mut c_void, preset: 
     let ct = {
         let _rt = RuntimeGuard::enter();
         let ct = Box::new(CThread {
-            tt: None,
-            thread_num: 0,
-            num_threads: 1,
             level: me.level + 1,
             active_level: me.active_level,
             parent: Some(NonNull::from(me)),
-            schedule: Cell::new(me.schedule.get()),
-            nthreads_var: Cell::new(me.nthreads_var.get()),
-            seq: Cell::new(0),
-            lp: Cell::new(LoopState::default()),
-            copy_seq: Cell::new(0),
-            open: Cell::new(core::ptr::null_mut()),
-            task: Task::new(core::ptr::null(), false),
+            ..CThread::initial(me.nthreads_var.get(), me.schedule.get())
         });
         ct.task.thread.set(&*ct);
         ct
@@ -240,18 +242,14 @@ pub(crate) unsafe fn parallel_start(
     let rt = rt();
     // The region's description goes where every process can read it: the
     // caller's allocations are DSM memory (process 0's `main`).
-    let region = Box::into_raw(Box::new(Region {
-        seq_base: rt.next_seq.load(Ordering::Relaxed),
-        schedule: me.schedule.get().encode(),
-        fn_: f as usize,
-        data: data as usize,
+    let region = Box::into_raw(Box::new(Region::new(
+        me,
+        f,
+        data,
         preset,
-        seq_end: AtomicU64::new(u64::MAX),
-        level: me.level + 1,
-        active_level: me.active_level + u32::from(team),
-        nthreads_var: me.nthreads_var.get(),
-        carrier0: crate::tls::current(),
-    }));
+        me.level + 1,
+        me.active_level + u32::from(team),
+    )));
     let fork = if team {
         crate::start::flush_output();
         // SAFETY: the region lives in the DSM heap until `GOMP_parallel_end`
@@ -284,17 +282,12 @@ pub(crate) unsafe fn parallel_start(
             level: me.level + 1,
             active_level: me.active_level + u32::from(team),
             parent: (!team).then(|| NonNull::from(me)),
-            schedule: Cell::new(me.schedule.get()),
-            nthreads_var: Cell::new(me.nthreads_var.get()),
             seq: Cell::new(if team {
                 rt.next_seq.load(Ordering::Relaxed)
             } else {
                 0
             }),
-            lp: Cell::new(LoopState::default()),
-            copy_seq: Cell::new(0),
-            open: Cell::new(core::ptr::null_mut()),
-            task: Task::new(core::ptr::null(), false),
+            ..CThread::initial(me.nthreads_var.get(), me.schedule.get())
         }))
     };
     // SAFETY: freshly boxed; freed by `GOMP_parallel_end`.

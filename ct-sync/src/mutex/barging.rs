@@ -103,7 +103,7 @@ use super::RawLock;
 use crate::spinlock::SpinLock;
 use crate::sync::{
     AtomicBool, AtomicU8, AtomicUsize, Backoff, Ordering, ProtocolCell, asymmetric_fences,
-    heavy_fence, light_fence, os_thread_id,
+    const_unless_loom, heavy_fence, light_fence, os_thread_id,
 };
 
 /// Spin rounds before a newcomer parks (1 + 2 + 4 + 8 pause instructions),
@@ -371,33 +371,19 @@ impl<U: UltItf> Default for RawMutex<U> {
 }
 
 impl<U: UltItf> RawMutex<U> {
-    /// An unlocked mutex.
-    #[cfg(not(loom))]
-    pub const fn new() -> Self {
-        RawMutex {
-            locked: AtomicU8::new(0),
-            flags: AtomicU8::new(0),
-            busy: AtomicU8::new(0),
-            bias: AtomicUsize::new(UNBIASED),
-            releases: PlainAtomicU32::new(0),
-            holder: PlainAtomicU32::new(0),
-            holder_changes: PlainAtomicU32::new(0),
-            queue: SpinLock::new(WaitQueue::new()),
-        }
-    }
-
-    /// An unlocked mutex.
-    #[cfg(loom)]
-    pub fn new() -> Self {
-        RawMutex {
-            locked: AtomicU8::new(0),
-            flags: AtomicU8::new(0),
-            busy: AtomicU8::new(0),
-            bias: AtomicUsize::new(UNBIASED),
-            releases: PlainAtomicU32::new(0),
-            holder: PlainAtomicU32::new(0),
-            holder_changes: PlainAtomicU32::new(0),
-            queue: SpinLock::new(WaitQueue::new()),
+    const_unless_loom! {
+        /// An unlocked mutex.
+        pub fn new() -> Self {
+            RawMutex {
+                locked: AtomicU8::new(0),
+                flags: AtomicU8::new(0),
+                busy: AtomicU8::new(0),
+                bias: AtomicUsize::new(UNBIASED),
+                releases: PlainAtomicU32::new(0),
+                holder: PlainAtomicU32::new(0),
+                holder_changes: PlainAtomicU32::new(0),
+                queue: SpinLock::new(WaitQueue::new()),
+            }
         }
     }
 

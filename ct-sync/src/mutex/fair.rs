@@ -26,7 +26,7 @@ use ct_worker::{SuspendedThreadItf, Ult, UltItf};
 
 use super::RawLock;
 use crate::mcs_core::{McsCore, McsNode};
-use crate::sync::{AtomicPtr, Backoff};
+use crate::sync::{AtomicPtr, Backoff, const_unless_loom};
 
 /// A queue node: the successor parks in `parked`.
 pub(crate) struct Node<U: UltItf> {
@@ -121,19 +121,12 @@ impl<U: UltItf> Default for RawFairMutex<U> {
 }
 
 impl<U: UltItf> RawFairMutex<U> {
-    /// An unlocked mutex.
-    #[cfg(not(loom))]
-    pub const fn new() -> Self {
-        RawFairMutex {
-            core: McsCore::new(),
-        }
-    }
-
-    /// An unlocked mutex.
-    #[cfg(loom)]
-    pub fn new() -> Self {
-        RawFairMutex {
-            core: McsCore::new(),
+    const_unless_loom! {
+        /// An unlocked mutex.
+        pub fn new() -> Self {
+            RawFairMutex {
+                core: McsCore::new(),
+            }
         }
     }
 }

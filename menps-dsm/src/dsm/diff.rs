@@ -146,31 +146,22 @@ pub fn write_merge(
     other: &[u64],
     detect: bool,
 ) -> Result<Merged, Race> {
-    let n = data.len();
-    assert!(twin.len() == n && other.len() == n);
-    let mut changed = 0u64;
-    for range in chunks(n) {
-        check_chunk(data, twin, other, range.clone(), detect, &mut changed)?;
-        for i in range {
-            // Only words the other side changed are rewritten in `data`, and
-            // each with one atomic xor, so a word (or another byte of a
-            // word) this process is writing concurrently — a pinned call
-            // stack's live frame — is never overwritten with an older value.
-            let r = other[i] ^ twin[i];
-            let m = if r != 0 {
-                // SAFETY: `data[i]` is a valid, aligned word; other threads
-                // of this process may store to it concurrently, so it is
-                // accessed atomically here.
-                let w = unsafe { AtomicU64::from_ptr(&mut data[i]) };
-                w.fetch_xor(r, Ordering::Relaxed) ^ r
-            } else {
-                data[i]
-            };
-            twin[i] = m;
-        }
-    }
-    Ok(Merged {
-        local_changes: changed != 0,
+    merge_words(data, twin, other, detect, |data, twin, other| {
+        // Only words the other side changed are rewritten in `data`, and
+        // each with one atomic xor, so a word (or another byte of a word)
+        // this process is writing concurrently — a pinned call stack's live
+        // frame — is never overwritten with an older value.
+        let r = other ^ *twin;
+        let m = if r != 0 {
+            // SAFETY: `data` is a valid, aligned word; other threads of this
+            // process may store to it concurrently, so it is accessed
+            // atomically here.
+            let w = unsafe { AtomicU64::from_ptr(data) };
+            w.fetch_xor(r, Ordering::Relaxed) ^ r
+        } else {
+            *data
+        };
+        *twin = m;
     })
 }
 
@@ -183,18 +174,34 @@ pub fn read_merge(
     other: &[u64],
     detect: bool,
 ) -> Result<Merged, Race> {
+    merge_words(data, twin, other, detect, |data, twin, o| {
+        let r = o ^ *twin;
+        if r != 0 {
+            *data ^= r;
+        }
+        *twin = o;
+    })
+}
+
+/// The walk both merges make: chunk by chunk, checks for races (if
+/// `detect`) and local changes, then calls `word(data[i], twin[i],
+/// other[i])` for each word of the chunk. Inlined into each merge, so the
+/// per-word step is compiled into the loop.
+#[inline(always)]
+fn merge_words(
+    data: &mut [u64],
+    twin: &mut [u64],
+    other: &[u64],
+    detect: bool,
+    mut word: impl FnMut(&mut u64, &mut u64, u64),
+) -> Result<Merged, Race> {
     let n = data.len();
     assert!(twin.len() == n && other.len() == n);
     let mut changed = 0u64;
     for range in chunks(n) {
         check_chunk(data, twin, other, range.clone(), detect, &mut changed)?;
         for i in range {
-            let o = other[i];
-            let r = o ^ twin[i];
-            if r != 0 {
-                data[i] ^= r;
-            }
-            twin[i] = o;
+            word(&mut data[i], &mut twin[i], other[i]);
         }
     }
     Ok(Merged {

@@ -75,9 +75,12 @@
 //! | `MENPS_VERBS_GID_INDEX` | GID table index (RoCE) | `0` |
 
 mod config;
-mod ctx;
+mod context;
 mod device;
+mod error;
 mod memory;
+mod queue_pair;
+mod registration;
 mod window;
 
 use std::sync::{Arc, Mutex};
@@ -92,14 +95,15 @@ use super::{
     offload,
 };
 pub use config::{VerbsConfig, env};
-use ctx::{Ctx, QP_INFO_BYTES, Qp, QpInfo};
+use context::Ctx;
 use device::{Command, Kind, VerbsDevice};
+use queue_pair::{QP_INFO_BYTES, Qp, QpInfo};
 use window::{Part, Remote};
 
 /// Names of the RDMA adapters of this machine, or
 /// [`Error::BackendUnavailable`] if there are none.
 pub fn devices() -> Result<Vec<String>> {
-    ctx::device_names()
+    context::device_names()
 }
 
 pub use crate::com::slots::MAX_WINDOWS;

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use ct_worker::UltItf;
 
-use super::ctx::{self, Mr};
+use super::registration::{self, Mr};
 use super::{VerbsCom, memory};
 use crate::com::slots::{self, u64_at};
 use crate::com::{
@@ -91,7 +91,9 @@ impl<B: Communicator, U: UltItf> Windows for VerbsCom<B, U> {
         let reg = match &mapped {
             // SAFETY: the mapping lives until the window is destroyed or the
             // communicator dropped, after the registration is dropped.
-            Ok(base) => unsafe { Mr::register(&self.ctx, *base, len, ctx::remote_access()) },
+            Ok(base) => unsafe {
+                Mr::register(&self.ctx, *base, len, registration::remote_access())
+            },
             Err(e) => Err(e.clone()),
         };
         let entry = match (&mapped, &reg) {

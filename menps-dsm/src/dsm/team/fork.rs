@@ -3,8 +3,7 @@
 use core::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use ct_context::DefaultPolicy;
-use ct_worker::unstable::ChaseLev;
-use ct_worker::{Config, NoAspect, Runtime, Ult, UltItf};
+use ct_worker::{ChaseLevKind, Custom, NoAspect, Runtime, Ult, UltItf};
 
 use crate::com::{Communicator, Source, Tag};
 use crate::dsm::Dsm;
@@ -17,16 +16,7 @@ use super::stacks::{DsmStacks, PinHook};
 
 /// The configuration of a team's runtime: ct-worker's default scheduler
 /// with stacks from the DSM's stack region, pinned while they run.
-#[derive(Debug)]
-pub struct TeamConfig;
-
-impl Config for TeamConfig {
-    type Policy = DefaultPolicy;
-    type Deque<T: Send + 'static> = ChaseLev<T>;
-    type Aspect = NoAspect;
-    type Stacks = DsmStacks;
-    type Hook = PinHook;
-}
+pub type TeamConfig = Custom<DefaultPolicy, ChaseLevKind, NoAspect, DsmStacks, PinHook>;
 
 /// The user-level threads of a team's runtime.
 pub type TeamUlt = Ult<TeamConfig>;

@@ -6,8 +6,9 @@
 
 use std::sync::Arc;
 
-use super::super::ctx::{Ctx, Mr, local_access};
+use super::super::context::Ctx;
 use super::super::memory;
+use super::super::registration::{Mr, local_access};
 use super::{SLOT_BYTES, VerbsDevice};
 use crate::com::Result;
 

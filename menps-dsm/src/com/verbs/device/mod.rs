@@ -33,7 +33,8 @@ use std::sync::Arc;
 
 use ct_delegate::{Device, PostBatch, Tag};
 
-use super::ctx::{Ctx, Qp};
+use super::context::Ctx;
+use super::queue_pair::Qp;
 use crate::com::Result;
 use crate::com::offload::Completions;
 use buffers::Pool;
