@@ -22,6 +22,11 @@
 //! condition before `FUTEX_WAIT` on the value read, so a wake-up cannot be
 //! lost (store-buffer pattern with fences on both sides). The launcher rings
 //! every doorbell when a process ends.
+//!
+//! A user-level thread does not sleep its worker in `FUTEX_WAIT`: it counts
+//! itself a sleeper, reads the doorbell and re-checks alike, then parks, and
+//! the communicator's doorbell watcher (an OS thread) sleeps on the futex in
+//! its place and wakes it (`shm::bell`).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
@@ -78,7 +83,8 @@ pub(crate) struct RankSlot {
     pub pid: AtomicU32,
     /// Futex word bumped by [`Control::notify`].
     pub doorbell: AtomicU32,
-    /// Threads of the process sleeping on the doorbell.
+    /// Threads of the process sleeping on the doorbell (or parked until its
+    /// watcher sees it ring).
     pub sleepers: AtomicU32,
     /// 1 + how many processes had ended before this one (0 while running).
     pub ended_seq: AtomicU32,
