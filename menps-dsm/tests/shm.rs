@@ -20,7 +20,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ct_worker::{OsThreads, Ult, UltItf};
-use menps_dsm::com::{Communicator, Error, ShmCom, Source};
+use menps_dsm::com::{Coll, Comm, Communicator, Error, P2p, ShmCom, Source};
 
 mod common;
 use common::suite::{assert_ranks_said, kill9_wait};
@@ -40,12 +40,24 @@ fn job_entry() {
             let com = join::<Ult>();
             scenario_ult(com);
         }
+        "ult_bell" => scenario_ult_bell(join::<Ult>()),
+        "bell_ends" => scenario_bell_ends(join::<Ult>()),
+        _ if name.starts_with(ON_ULT) => {
+            // The scenario in a user-level thread of a one-worker runtime:
+            // its waits park, and the doorbell's watcher wakes them.
+            let com = join::<Ult>();
+            let rt = ct_worker::Runtime::builder().workers(1).build().unwrap();
+            rt.block_on(|| run_scenario(&name[ON_ULT.len()..], &com));
+        }
         _ => {
             let com = join::<OsThreads>();
             run_scenario(&name, &com);
         }
     }
 }
+
+/// Prefix of a scenario name: run the scenario in a user-level thread.
+const ON_ULT: &str = "ult:";
 
 fn join<U: UltItf>() -> ShmCom<U> {
     menps_dsm::launch::Builder::new()
@@ -87,19 +99,20 @@ fn launcher_pid() -> i32 {
         .unwrap()
 }
 
-/// The last rank stops the launcher (`SIGSTOP`) and kills itself: the
-/// others, waiting in a barrier, must see `PeerDied` without the launcher's
-/// help; rank 0 then continues the launcher.
+/// The last rank stops the launcher (`SIGSTOP`) and, 300 ms later (the
+/// others asleep in a barrier by then), kills itself: the others must see
+/// `PeerDied` without the launcher's help — nobody rings their doorbells;
+/// rank 0 then continues the launcher.
 fn scenario_launcher_stopped<C: Communicator>(com: &C) {
     let (me, n) = (com.rank(), com.size());
     let launcher = launcher_pid();
     com.barrier().unwrap();
     if me == n - 1 {
-        // SAFETY: kill(2) to the launcher, then to ourselves.
-        unsafe {
-            libc::kill(launcher, libc::SIGSTOP);
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
+        // SAFETY: kill(2) to the launcher.
+        unsafe { libc::kill(launcher, libc::SIGSTOP) };
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: kill(2) to ourselves.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
         unreachable!();
     }
     let start = Instant::now();
@@ -289,6 +302,133 @@ fn scenario_block_forever<C: Communicator>(com: &C) {
     panic!("recv returned {r:?}");
 }
 
+// ---------------------------------------------------------------------------
+// User-level threads waiting on the doorbell (the job side).
+
+/// Yields that a user-level thread must make while another thread of its
+/// worker waits on the doorbell (`ult_bell`).
+const BELL_YIELDS: u64 = 100_000;
+/// How long it may try, at most: a bound on the scenario, never asserted.
+const BELL_CAP: Duration = Duration::from_secs(5);
+
+/// Threads of this process named like the shm doorbell watcher.
+fn bell_watchers() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == "menps-bell")
+        })
+        .count()
+}
+
+/// Rank 1 runs one worker; on it, thread A waits for rank 0 — in a receive
+/// (round 0), then in a barrier (round 1) — while thread B makes
+/// [`BELL_YIELDS`] yields (or tries for [`BELL_CAP`]) and then tells rank 0
+/// how many it made; only then does rank 0 send what A waits for (enter the
+/// barrier). A waiting thread that sleeps its worker's OS thread on the
+/// doorbell lets B run about once per sleep (a millisecond): B makes a few
+/// thousand yields, not [`BELL_YIELDS`]. Rank 0 waits on its main thread
+/// (an OS thread, which sleeps on the futex and starts no watcher).
+fn scenario_ult_bell(com: ShmCom<Ult>) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let com = Arc::new(com);
+    let me = com.rank();
+    assert_eq!(com.size(), 2);
+    if me == 0 {
+        for round in 0..2 {
+            let (_, m) = com.recv(Source::Rank(1), 1).unwrap();
+            let yields = u64::from_le_bytes(m.try_into().unwrap());
+            println!("rank 0: round {round}: rank 1 yielded {yields} times");
+            if round == 0 {
+                com.send(1, 2, b"go").unwrap();
+            } else {
+                com.barrier().unwrap();
+            }
+        }
+        assert_eq!(bell_watchers(), 0, "an OS thread's waits need no watcher");
+    } else {
+        let rt = ct_worker::Runtime::builder().workers(1).build().unwrap();
+        rt.block_on(|| {
+            for round in 0..2 {
+                let waiting = Arc::new(AtomicBool::new(false));
+                let a = {
+                    let (com, waiting) = (com.clone(), waiting.clone());
+                    ct_worker::spawn(move || {
+                        waiting.store(true, Ordering::Release);
+                        if round == 0 {
+                            assert_eq!(com.recv(Source::Rank(0), 2).unwrap(), (0, b"go".to_vec()));
+                        } else {
+                            com.barrier().unwrap();
+                        }
+                    })
+                };
+                let b = {
+                    let com = com.clone();
+                    ct_worker::spawn(move || {
+                        while !waiting.load(Ordering::Acquire) {
+                            ct_worker::yield_now();
+                        }
+                        let start = Instant::now();
+                        let mut yields = 0u64;
+                        while yields < BELL_YIELDS && start.elapsed() < BELL_CAP {
+                            ct_worker::yield_now();
+                            yields += 1;
+                        }
+                        com.send(0, 1, &yields.to_le_bytes()).unwrap();
+                        yields
+                    })
+                };
+                let yields = b.join();
+                a.join();
+                println!("rank 1: round {round}: yielded {yields} times while a thread waited");
+            }
+        });
+    }
+    com.barrier().unwrap();
+    println!("rank {me}: ult_bell ok");
+}
+
+/// Rank 1's user-level thread waits in a receive until another thread of
+/// its worker has seen the doorbell watcher start (or [`BELL_CAP`] passed):
+/// one watcher while the communicator lives, none once it is dropped. Rank
+/// 0 (on its main thread) never has one.
+fn scenario_bell_ends(com: ShmCom<Ult>) {
+    use std::sync::Arc;
+    let com = Arc::new(com);
+    let me = com.rank();
+    let before = bell_watchers();
+    let mut during = 0;
+    if me == 0 {
+        let (_, m) = com.recv(Source::Rank(1), 1).unwrap();
+        println!("rank 0: rank 1 saw {} watcher(s)", m[0]);
+        com.send(1, 2, b"go").unwrap();
+    } else {
+        let rt = ct_worker::Runtime::builder().workers(1).build().unwrap();
+        during = rt.block_on(|| {
+            let a = {
+                let com = com.clone();
+                ct_worker::spawn(move || com.recv(Source::Rank(0), 2).unwrap())
+            };
+            let start = Instant::now();
+            let mut seen = bell_watchers();
+            while seen == 0 && start.elapsed() < BELL_CAP {
+                ct_worker::yield_now();
+                seen = bell_watchers();
+            }
+            com.send(0, 1, &[seen as u8]).unwrap();
+            a.join();
+            seen
+        });
+    }
+    com.barrier().unwrap();
+    let com = Arc::into_inner(com).expect("the only reference left");
+    drop(com);
+    let after = bell_watchers();
+    println!("rank {me}: watchers before {before}, while waiting {during}, after {after}");
+}
+
 /// Runs `scenario` as a job of `n` processes started by the library
 /// launcher (this test binary relaunching itself).
 fn job(scenario: &str, n: usize) -> JobRun {
@@ -313,7 +453,19 @@ fn job_with(
 
 #[test]
 fn ranks_detect_a_dead_peer_while_the_launcher_is_stopped() {
-    let run = job("launcher_stopped", 3);
+    dead_peer_while_the_launcher_is_stopped("");
+}
+
+/// As above, every wait parked (the doorbell's watcher must wake the
+/// waiters now and then to look at `/proc`: nobody rings).
+#[test]
+fn parked_user_level_threads_detect_a_dead_peer_while_the_launcher_is_stopped() {
+    dead_peer_while_the_launcher_is_stopped(ON_ULT);
+}
+
+/// `launcher_stopped` on 3 processes, the scenario name behind `prefix`.
+fn dead_peer_while_the_launcher_is_stopped(prefix: &str) {
+    let run = job(&format!("{prefix}launcher_stopped"), 3);
     assert!(!run.status.success(), "{}", run.dump());
     for r in 0..2 {
         let line = run
@@ -362,8 +514,20 @@ fn the_time_limit_holds_while_the_launcher_is_stopped() {
 
 #[test]
 fn the_watchdog_names_a_stopped_peer() {
+    watchdog_names_a_stopped_peer("");
+}
+
+/// As above, every wait parked (the watchdog's report needs the waiters to
+/// wake without a ring).
+#[test]
+fn the_watchdog_names_a_stopped_peer_to_parked_user_level_threads() {
+    watchdog_names_a_stopped_peer(ON_ULT);
+}
+
+/// `stopped_peer` on 3 processes, the scenario name behind `prefix`.
+fn watchdog_names_a_stopped_peer(prefix: &str) {
     let run = job_with(
-        "stopped_peer",
+        &format!("{prefix}stopped_peer"),
         3,
         &[("MENPS_WATCHDOG_SECS", "1")],
         |_, _| true,
@@ -424,7 +588,19 @@ backend_scenario_tests!(run_shared);
 
 #[test]
 fn kill9_is_detected_by_every_other_process() {
-    let run = job("kill9", 4);
+    kill9_is_detected("");
+}
+
+/// As above, every wait parked (the launcher's ring reaches them through
+/// the doorbell's watcher).
+#[test]
+fn kill9_is_detected_by_parked_user_level_threads() {
+    kill9_is_detected(ON_ULT);
+}
+
+/// `kill9` on 4 processes, the scenario name behind `prefix`.
+fn kill9_is_detected(prefix: &str) {
+    let run = job(&format!("{prefix}kill9"), 4);
     assert_eq!(
         run.code(),
         Some(128 + 9),
@@ -496,6 +672,41 @@ fn killing_the_launcher_takes_every_process_down() {
     assert_eq!(run.status.signal(), Some(libc::SIGKILL), "{}", run.dump());
 }
 
+/// A user-level thread waiting on the doorbell parks; its worker runs its
+/// other threads meanwhile. (With the worker's OS thread asleep in the
+/// futex, the other thread makes a few thousand yields in the scenario's 5
+/// s, not 100,000.)
+#[test]
+fn a_worker_runs_its_other_threads_while_one_waits_on_the_doorbell() {
+    let run = job("ult_bell", 2);
+    assert_ok(&run, 2, "ult_bell ok");
+    for round in 0..2 {
+        let want =
+            format!("rank 1: round {round}: yielded {BELL_YIELDS} times while a thread waited");
+        assert!(
+            run.stdout.contains(&want),
+            "missing {want:?}: {}",
+            run.dump()
+        );
+    }
+}
+
+/// The doorbell watcher runs only for user-level threads that waited, and
+/// ends with its communicator.
+#[test]
+fn the_doorbell_watcher_ends_with_the_communicator() {
+    let run = job("bell_ends", 2);
+    assert!(run.status.success(), "job failed: {}", run.dump());
+    for (r, during) in [(0, 0), (1, 1)] {
+        let want = format!("rank {r}: watchers before 0, while waiting {during}, after 0");
+        assert!(
+            run.stdout.contains(&want),
+            "missing {want:?}: {}",
+            run.dump()
+        );
+    }
+}
+
 /// CPU seconds used so far by all threads of process `pid` (scheduler
 /// statistics, nanosecond resolution).
 fn cpu_secs(pid: u32) -> f64 {
@@ -515,10 +726,24 @@ fn cpu_secs(pid: u32) -> f64 {
 
 #[test]
 fn idle_waiting_does_not_burn_cpu() {
+    idle_waiting_burns_no_cpu("");
+}
+
+/// As above, every wait parked: the workers sleep, and the doorbell's
+/// watchers wake them only now and then.
+#[test]
+fn parked_user_level_threads_do_not_burn_cpu() {
+    idle_waiting_burns_no_cpu(ON_ULT);
+}
+
+/// `block_forever` on 4 processes, the scenario name behind `prefix`: the
+/// ranks use well under 5 % of a core each while they wait.
+fn idle_waiting_burns_no_cpu(prefix: &str) {
     let tag = new_tag("idle");
     let mut cmd = clean_cmd(std::env::current_exe().unwrap());
     entry_args(&mut cmd);
-    cmd.env(SCENARIO, "block_forever").env("MENPS_NPROCS", "4");
+    cmd.env(SCENARIO, format!("{prefix}block_forever"))
+        .env("MENPS_NPROCS", "4");
     let mut phase: Option<(Instant, Vec<(u32, f64)>)> = None;
     let mut used = None;
     let run = drive(cmd, &tag, |launcher, out| {
@@ -552,9 +777,9 @@ fn idle_waiting_does_not_burn_cpu() {
     // 4 processes blocked in recv for 2 s: well under 5 % of one core each.
     assert!(
         cpu < 0.05 * wall * 4.0,
-        "idle ranks used {cpu:.3} s CPU in {wall:.1} s"
+        "{prefix}block_forever: idle ranks used {cpu:.3} s CPU in {wall:.1} s"
     );
-    eprintln!("idle ranks used {cpu:.3} s CPU in {wall:.1} s");
+    eprintln!("{prefix}block_forever: idle ranks used {cpu:.3} s CPU in {wall:.1} s");
 }
 
 #[test]

@@ -15,7 +15,11 @@
 //!   `U::yield_now`, and the OS thread), then sleeps on the process's futex
 //!   doorbell with a 1 ms timeout, yielding between sleeps — so four
 //!   processes on two cores make progress and idle waiting costs no CPU.
-//!   With more processes than processors a wait yields after two polls
+//!   A user-level thread on a worker does not sleep its worker: it parks,
+//!   and the communicator's doorbell watcher, an OS thread started on first
+//!   use that sleeps on the doorbell in its place, wakes it at every ring,
+//!   and every 16 ms without one (module `bell`); the worker runs its
+//!   other threads meanwhile, and sleeps when it has none. With more processes than processors a wait yields after two polls
 //!   (the peer it waits for may be queued on its processor), and yields
 //!   longer before it sleeps.
 //! - **Failures**: the launcher marks ended processes in the control memory
@@ -25,6 +29,7 @@
 //! Processes join a job through [`crate::launch`]; [`ShmCom::single`] makes a
 //! one-process communicator without a launcher (for tests and tools).
 
+mod bell;
 pub(crate) mod coll;
 pub(crate) mod control;
 pub(crate) mod p2p;
@@ -59,7 +64,18 @@ pub struct ShmCom<U: UltItf = Ult> {
     /// Polls, then yields, before a wait sleeps (see `wait::rounds`).
     spin_rounds: u32,
     yield_rounds: u32,
+    /// Where user-level threads park instead of sleeping on the doorbell;
+    /// stopped in `drop`, before the control memory is unmapped.
+    bell: bell::Bell<U>,
     _u: PhantomData<fn() -> U>,
+}
+
+impl<U: UltItf> Drop for ShmCom<U> {
+    fn drop(&mut self) {
+        // The watcher sleeps on our doorbell, in the control memory: it must
+        // end before `control` is unmapped (whatever the fields' order).
+        self.bell.shutdown();
+    }
 }
 
 impl<U: UltItf> core::fmt::Debug for ShmCom<U> {
@@ -93,6 +109,7 @@ impl<U: UltItf> ShmCom<U> {
             p2p: p2p::P2pState::new(size),
             coll: ct_sync::Mutex::new_in(coll::CollState::new(peers)),
             control,
+            bell: bell::Bell::new(),
             _u: PhantomData,
         }
     }

@@ -1,11 +1,12 @@
 //! Waiting on shm: polls with short pauses, then yields, then sleeps on the
-//! process's futex doorbell (see the [module docs](super)); every wait also
-//! watches for peers that died or left (the launcher's marks in the control
-//! memory, and `/proc` when the launcher cannot run), and a long wait is
-//! reported by the watchdog.
+//! process's futex doorbell — or, on a user-level thread, parks until the
+//! doorbell's watcher (module `bell`) wakes it (see the [module
+//! docs](super)); every wait also watches for peers that died or left (the
+//! launcher's marks in the control memory, and `/proc` when the launcher
+//! cannot run), and a long wait is reported by the watchdog.
 
 use std::sync::atomic::{Ordering, fence};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ct_worker::UltItf;
 
@@ -31,6 +32,19 @@ const YIELD_ROUNDS: u32 = 1024;
 const SPIN_ROUNDS_OVERSUBSCRIBED: u32 = 2;
 const YIELD_ROUNDS_OVERSUBSCRIBED: u32 = 256;
 const SLEEP: Duration = Duration::from_millis(1);
+/// How often a sleeping wait looks at its peers in `/proc` (see
+/// `watch_peers`).
+const WATCH_PEERS: Duration = Duration::from_millis(64);
+
+/// Whether the caller is a user-level thread on a worker, which must not
+/// sleep its OS thread: `U` is a user-level threading library and the caller
+/// runs on one of its workers (the workers are what runs idle hooks). An OS
+/// thread outside the runtime — such as `main` calling a communicator of
+/// user-level threads — sleeps on the futex, as with [`ct_worker::OsThreads`].
+fn on_worker<U: UltItf>() -> bool {
+    core::any::TypeId::of::<U>() != core::any::TypeId::of::<ct_worker::OsThreads>()
+        && U::runs_idle_hooks()
+}
 
 /// (Spin rounds, yield rounds) of the waits of a job of `size` processes on
 /// this machine (more processes than processors: the oversubscribed ones).
@@ -87,11 +101,13 @@ impl<U: UltItf> ShmCom<U> {
     }
 
     /// Polls until `poll` gives a value, an error, or `watch` (or a death in
-    /// the job) says it never will. Backs off: spin, yield, doorbell sleep.
-    /// A wait longer than the watchdog period (`MENPS_WATCHDOG_SECS`) is
-    /// reported once, naming `what` is awaited and any stopped peer (`None`:
-    /// a wait that may last as long as the program likes, such as a server
-    /// waiting for its next request).
+    /// the job) says it never will. Backs off: spin, yield, doorbell sleep
+    /// (a user-level thread on a worker parks until the doorbell's watcher
+    /// wakes it, at a ring or after `bell::HEARTBEAT`, and then polls and
+    /// checks as after a sleep). A wait longer than the watchdog period
+    /// (`MENPS_WATCHDOG_SECS`) is reported once, naming `what` is awaited
+    /// and any stopped peer (`None`: a wait that may last as long as the
+    /// program likes, such as a server waiting for its next request).
     pub(crate) fn wait_until<T>(
         &self,
         watch: Watch,
@@ -99,7 +115,8 @@ impl<U: UltItf> ShmCom<U> {
         mut poll: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
         let mut round = 0u32;
-        let mut asleep_since: Option<std::time::Instant> = None;
+        let mut asleep_since: Option<Instant> = None;
+        let mut peers_watched: Option<Instant> = None;
         let mut reported = false;
         loop {
             if let Some(v) = poll()? {
@@ -118,11 +135,12 @@ impl<U: UltItf> ShmCom<U> {
                     std::thread::yield_now();
                 }
             } else {
-                let since = *asleep_since.get_or_insert_with(std::time::Instant::now);
+                let now = Instant::now();
+                let since = *asleep_since.get_or_insert(now);
                 if !reported
                     && let Some(what) = what
                     && let Some(period) = crate::launch::watchdog_period()
-                    && since.elapsed() >= period
+                    && now - since >= period
                 {
                     let msg = self.report_long_wait(watch, what, period);
                     reported = true;
@@ -131,26 +149,36 @@ impl<U: UltItf> ShmCom<U> {
                     }
                 }
                 // Peers are watched here too, not only by the launcher (which
-                // may be stopped or descheduled): every 64 sleeps, about
-                // every 64 ms.
-                if (round - self.spin_rounds - self.yield_rounds).is_multiple_of(64) {
+                // may be stopped or descheduled): on the first sleep, then
+                // about every 64 ms.
+                if peers_watched.is_none_or(|t| now - t >= WATCH_PEERS) {
                     self.watch_peers();
+                    peers_watched = Some(now);
                 }
                 let slot = self.control.slot(self.rank);
                 slot.sleepers.fetch_add(1, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
                 let bell = slot.doorbell.load(Ordering::SeqCst);
                 let r = poll();
+                let mut parked = false;
                 if matches!(r, Ok(None)) && self.failure(watch).is_none() {
-                    crate::sys::futex_wait(&slot.doorbell, bell, SLEEP);
+                    // A user-level thread parks, its worker runs the others
+                    // (and sleeps only when it has none); an OS thread
+                    // sleeps on the futex.
+                    parked = on_worker::<U>() && self.bell.park(&slot.doorbell, bell);
+                    if !parked {
+                        crate::sys::futex_wait(&slot.doorbell, bell, SLEEP);
+                    }
                 }
                 slot.sleepers.fetch_sub(1, Ordering::SeqCst);
                 if let Some(v) = r? {
                     return Ok(v);
                 }
-                // Let other user-level threads of this worker run between
-                // sleeps.
-                U::yield_now();
+                if !parked {
+                    // Let other user-level threads of this worker run
+                    // between sleeps.
+                    U::yield_now();
+                }
             }
             round = round.saturating_add(1);
         }

@@ -9,6 +9,11 @@
 //! before `FUTEX_WAIT` on the value read, so a wake-up cannot be lost
 //! (store-buffer pattern with fences on both sides). The launcher rings
 //! every doorbell when a process ends.
+//!
+//! A user-level thread does not sleep its worker in `FUTEX_WAIT`: it counts
+//! itself a sleeper, reads the doorbell and re-checks alike, then parks, and
+//! the communicator's doorbell watcher (an OS thread) sleeps on the futex in
+//! its place and wakes it (`shm::bell`).
 
 use std::sync::atomic::{Ordering, fence};
 

@@ -57,7 +57,8 @@ pub(crate) struct RankSlot {
     pub pid: AtomicU32,
     /// Futex word bumped by [`Control::notify`](super::Control::notify).
     pub doorbell: AtomicU32,
-    /// Threads of the process sleeping on the doorbell.
+    /// Threads of the process sleeping on the doorbell (or parked until its
+    /// watcher sees it ring).
     pub sleepers: AtomicU32,
     /// 1 + how many processes had ended before this one (0 while running).
     pub ended_seq: AtomicU32,
