@@ -7,9 +7,11 @@
 //! forked functions. They mean the same on every process only if every
 //! process mapped the same files at the same addresses. The launchers turn
 //! address randomisation off, which makes the layout depend on the rest:
-//! the binaries themselves (a different libc on another host) and the
-//! limits the kernel places libraries by (`ulimit -s`: a stack limit above
-//! 128 MiB moves every library). [`check_same_layout`] compares the layouts
+//! the binaries themselves (a different libc on another host), the limits
+//! the kernel places libraries by (`ulimit -s`: a stack limit above 128 MiB
+//! moves every library) and the dynamic loader's environment (its own
+//! allocations for an `LD_LIBRARY_PATH` shift the libraries mapped after
+//! them). [`check_same_layout`] compares the layouts
 //! when the DSM starts and refuses to run on a difference, naming the first
 //! image that differs.
 //!
@@ -125,8 +127,9 @@ pub(crate) fn check_same_layout<C: Communicator>(com: &C) -> DsmResult<()> {
     Err(DsmError::Config(format!(
         "the processes were started with different address-space layouts, so \
          pointers into code and globals would not mean the same everywhere: {}; \
-         every process must run the same binaries and libraries with the same \
-         limits (`ulimit -s`) and without address randomisation",
+         every process must run the same binaries and libraries, with the same \
+         limits (`ulimit -s`), the same `LD_LIBRARY_PATH` and `LD_PRELOAD`, and \
+         without address randomisation",
         first_difference(&first, &theirs, rank)
     )))
 }

@@ -86,7 +86,8 @@
 //!   the target process to enter MPI for passive-target operations to
 //!   progress; a thread calls `MPI_Iprobe` every `MENPS_MPI_PROGRESS_US`
 //!   microseconds (default 1000; `0` turns it off — fine on one machine,
-//!   where `osc sm` is truly one-sided).
+//!   where `osc sm` is truly one-sided), unless another thread of the
+//!   process polled MPI in the meantime (see `progress`).
 //!
 //! # The OpenMPI `osc` problem
 //!

@@ -116,6 +116,7 @@ impl<U: UltItf> MpiCom<U> {
         let mut backoff = wait::backoff();
         // SAFETY: `req` is active and `dst` stays valid until it completes.
         while !unsafe { raw::test(&mut req) }? {
+            super::progress::note_poll();
             backoff.snooze(U::yield_now);
         }
         Ok(())

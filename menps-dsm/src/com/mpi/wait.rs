@@ -40,6 +40,7 @@ impl<U: UltItf> MpiCom<U> {
             if let Some(v) = poll()? {
                 return Ok(v);
             }
+            super::progress::note_poll();
             if !backoff.is_spinning() {
                 match &failed_at {
                     Some((t, e)) if t.elapsed() >= DEPARTURE_GRACE => return Err(e.clone()),
