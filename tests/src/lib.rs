@@ -105,23 +105,33 @@ pub fn all_programs() -> Vec<String> {
 /// concurrent `cargo test` runs, never see a half-written file). Panics
 /// with gcc's messages if the compilation fails.
 pub fn gcc(source: &Path, out: &Path, extra: &[&OsStr]) -> PathBuf {
+    build_into(out, "gcc (is gcc installed?)", |tmp| {
+        let mut cmd = Command::new("gcc");
+        cmd.args(["-fopenmp", "-O2", "-o"])
+            .arg(tmp)
+            .arg(source)
+            .args(extra)
+            .arg("-lm");
+        cmd
+    })
+}
+
+/// Runs the compiler command `make(tmp)` writing a temporary file next to
+/// `out`, then renames it to `out` (so that concurrent test runs never see
+/// a half-written executable); returns `out`. Panics with the compiler's
+/// messages if it fails (`what` names it).
+fn build_into(out: &Path, what: &str, make: impl FnOnce(&Path) -> Command) -> PathBuf {
     let dir = out.parent().expect("output has a directory");
     std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
     let tmp = out.with_extension(format!("tmp{}", std::process::id()));
-    let mut cmd = Command::new("gcc");
-    cmd.args(["-fopenmp", "-O2", "-o"])
-        .arg(&tmp)
-        .arg(source)
-        .args(extra)
-        .arg("-lm");
+    let mut cmd = make(&tmp);
     let output = cmd
         .output()
-        .unwrap_or_else(|e| panic!("cannot run gcc ({e}); is gcc installed?"));
+        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
     assert!(
         output.status.success(),
-        "compiling {} failed ({:?}):\n{}",
-        source.display(),
-        cmd,
+        "compiling {} failed ({cmd:?}):\n{}",
+        out.display(),
         String::from_utf8_lossy(&output.stderr)
     );
     std::fs::rename(&tmp, out)
@@ -154,41 +164,20 @@ pub fn compile(out_dir: &Path, name: &str, variant: &str) -> PathBuf {
 pub fn compile_linked_to_ours(out_dir: &Path, name: &str) -> PathBuf {
     let lib = our_library();
     let out = out_dir.join("c-programs").join(format!("{name}-linked"));
-    let dir = out.parent().expect("output has a directory");
-    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
-    let tmp = out.with_extension(format!("tmp{}", std::process::id()));
-    let mut cmd = Command::new(menps_launcher());
-    cmd.args(["cc", "-O2", "-o"])
-        .arg(&tmp)
-        .arg(c_source(name))
-        .arg("-lm")
-        .env("MENPS_GOMP_LIB", &lib);
-    let output = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run menps cc ({e})"));
-    assert!(
-        output.status.success(),
-        "menps cc {name}.c failed ({cmd:?}):\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    std::fs::rename(&tmp, &out)
-        .unwrap_or_else(|e| panic!("rename {} -> {}: {e}", tmp.display(), out.display()));
-    out
+    build_into(&out, "menps cc", |tmp| {
+        let mut cmd = Command::new(menps_launcher());
+        cmd.args(["cc", "-O2", "-o"])
+            .arg(tmp)
+            .arg(c_source(name))
+            .arg("-lm")
+            .env("MENPS_GOMP_LIB", &lib);
+        cmd
+    })
 }
 
 /// The shared libraries a program needs (`DT_NEEDED`, via `readelf -d`).
 pub fn needed_libraries(program: &Path) -> Vec<String> {
-    let out = Command::new("readelf")
-        .arg("-d")
-        .arg(program)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run readelf ({e})"));
-    assert!(
-        out.status.success(),
-        "readelf -d {} failed",
-        program.display()
-    );
-    String::from_utf8_lossy(&out.stdout)
+    tool_output("readelf", "-d", program)
         .lines()
         .filter(|l| l.contains("(NEEDED)"))
         .filter_map(|l| Some(l.split('[').nth(1)?.trim_end_matches(']').to_owned()))
@@ -197,17 +186,27 @@ pub fn needed_libraries(program: &Path) -> Vec<String> {
 
 /// The undefined symbols of a program (`nm -u`), without symbol versions.
 pub fn undefined_symbols(program: &Path) -> Vec<String> {
-    let out = Command::new("nm")
-        .arg("-u")
-        .arg(program)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run nm ({e})"));
-    assert!(out.status.success(), "nm -u {} failed", program.display());
-    String::from_utf8_lossy(&out.stdout)
+    tool_output("nm", "-u", program)
         .lines()
         .filter_map(|l| l.split_whitespace().last())
         .map(|s| s.split('@').next().unwrap_or(s).to_owned())
         .collect()
+}
+
+/// The standard output of `tool option program` (binutils); panics if it
+/// cannot run or fails.
+fn tool_output(tool: &str, option: &str, program: &Path) -> String {
+    let out = Command::new(tool)
+        .arg(option)
+        .arg(program)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {tool} ({e})"));
+    assert!(
+        out.status.success(),
+        "{tool} {option} {} failed",
+        program.display()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The cargo profile directory (`target/<profile>/`) of the running test
@@ -357,6 +356,14 @@ pub fn clean_command(program: impl AsRef<OsStr>) -> Command {
 static RUN_LOCK: Mutex<()> = Mutex::new(());
 static NEXT_RUN: AtomicU64 = AtomicU64::new(0);
 
+/// What the reader threads collected of a run's stdout and stderr (empty
+/// if a reader does not deliver within 5 s).
+fn collected(out: &mpsc::Receiver<String>, err: &mpsc::Receiver<String>) -> (String, String) {
+    let get =
+        |rx: &mpsc::Receiver<String>| rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    (get(out), get(err))
+}
+
 /// Runs `cmd` (stdin closed, stdout and stderr captured) in its own process
 /// group, with the time limit [`RUN_TIMEOUT`]. On timeout, or if processes
 /// of the run are still alive [`LEFTOVER_GRACE`] after the main process
@@ -403,12 +410,7 @@ pub fn run_command_limited(mut cmd: Command, timeout: Duration, leftover_grace: 
     let Some(status) = status else {
         kill_run(pgid, &tag);
         let _ = child.wait();
-        let out = out_rx
-            .recv_timeout(Duration::from_secs(5))
-            .unwrap_or_default();
-        let err = err_rx
-            .recv_timeout(Duration::from_secs(5))
-            .unwrap_or_default();
+        let (out, err) = collected(&out_rx, &err_rx);
         drop(guard);
         panic!(
             "{description}\nhung: killed after {timeout:?}\n--- stdout\n{out}--- stderr\n{err}---"
@@ -425,12 +427,7 @@ pub fn run_command_limited(mut cmd: Command, timeout: Duration, leftover_grace: 
         kill_run(pgid, &tag);
     }
     // Every writer is gone now, so the pipes reach end of file.
-    let out = out_rx
-        .recv_timeout(Duration::from_secs(5))
-        .unwrap_or_default();
-    let err = err_rx
-        .recv_timeout(Duration::from_secs(5))
-        .unwrap_or_default();
+    let (out, err) = collected(&out_rx, &err_rx);
     drop((stdout, stderr));
     drop(guard);
     let run = Run {
@@ -558,16 +555,30 @@ pub fn run_ours_env(
     env: &[(&str, &str)],
 ) -> Run {
     let lib = our_library();
+    let mut cmd = ours_command(program, args, processes, threads, env);
+    cmd.env("LD_PRELOAD", &lib);
+    run_command(cmd)
+}
+
+/// `program args` on `processes` × `threads` of our runtime, started by
+/// the program itself: `env`, then `OMP_NUM_THREADS`, `MENPS_TIMEOUT_SECS`
+/// and `MENPS_NPROCS` (for more than one process) over it.
+fn ours_command(
+    program: &Path,
+    args: &[&str],
+    processes: usize,
+    threads: usize,
+    env: &[(&str, &str)],
+) -> Command {
     let mut cmd = clean_command(program);
     cmd.args(args)
         .envs(env.iter().copied())
-        .env("LD_PRELOAD", &lib)
         .env("OMP_NUM_THREADS", (processes * threads).to_string())
         .env("MENPS_TIMEOUT_SECS", OURS_TIMEOUT_SECS.to_string());
     if processes > 1 {
         cmd.env("MENPS_NPROCS", processes.to_string());
     }
-    run_command(cmd)
+    cmd
 }
 
 /// Runs a program built by [`compile_linked_to_ours`] (no `LD_PRELOAD`) on
@@ -577,14 +588,7 @@ pub fn run_ours_env(
 /// [MENPS_NPROCS=<processes>] OMP_NUM_THREADS=<processes*threads> MENPS_TIMEOUT_SECS=60 program args
 /// ```
 pub fn run_ours_linked(program: &Path, args: &[&str], processes: usize, threads: usize) -> Run {
-    let mut cmd = clean_command(program);
-    cmd.args(args)
-        .env("OMP_NUM_THREADS", (processes * threads).to_string())
-        .env("MENPS_TIMEOUT_SECS", OURS_TIMEOUT_SECS.to_string());
-    if processes > 1 {
-        cmd.env("MENPS_NPROCS", processes.to_string());
-    }
-    run_command(cmd)
+    run_command(ours_command(program, args, processes, threads, &[]))
 }
 
 /// Runs `program args` (built against libgomp) with our runtime under the
