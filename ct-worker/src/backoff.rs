@@ -5,7 +5,9 @@
 //!
 //! 1. **spin**: 1, 2, 4, … 32 processor pause hints over the first six
 //!    rounds (63 in all, well under a microsecond): a condition another core
-//!    is about to set costs no system call;
+//!    is about to set costs no system call. [`Backoff::polling`] spins a
+//!    given number of rounds of one pause hint each instead, for a wait
+//!    that polls for a few microseconds (another process on another core);
 //! 2. **yield**: the caller's `yield_now` each round — through a threading
 //!    interface ([`UltItf::yield_now`](crate::UltItf::yield_now)) a
 //!    user-level thread goes back to its worker's scheduler, which runs the
@@ -54,8 +56,12 @@ const MAX_PARK: Duration = Duration::from_micros(200);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Backoff {
-    /// Spin rounds done (up to [`SPIN_STEPS`]).
+    /// Spin rounds done (up to `spin_rounds`).
     step: u32,
+    /// Spin rounds before yielding.
+    spin_rounds: u32,
+    /// Whether spin round `i` spins `2^i` pause hints (otherwise one).
+    doubling: bool,
     /// Yield and park rounds done.
     rounds: u32,
     /// Yield rounds before parking (`u32::MAX`: never parks).
@@ -74,6 +80,8 @@ impl Backoff {
     pub const fn new() -> Self {
         Backoff {
             step: 0,
+            spin_rounds: SPIN_STEPS,
+            doubling: true,
             rounds: 0,
             park_after: u32::MAX,
         }
@@ -85,6 +93,24 @@ impl Backoff {
     pub const fn parking(yields: u32) -> Self {
         Backoff {
             step: 0,
+            spin_rounds: SPIN_STEPS,
+            doubling: true,
+            rounds: 0,
+            park_after: yields,
+        }
+    }
+
+    /// A back-off that polls: `spins` rounds of one pause hint each, then
+    /// `yields` rounds of yielding, then it parks like
+    /// [`Backoff::parking`]. For a wait whose condition another process
+    /// sets within a few microseconds when it runs on another core (128
+    /// rounds poll for about 5 µs), where a yield after less than a
+    /// microsecond would cost a system call on most waits.
+    pub const fn polling(spins: u32, yields: u32) -> Self {
+        Backoff {
+            step: 0,
+            spin_rounds: spins,
+            doubling: false,
             rounds: 0,
             park_after: yields,
         }
@@ -94,7 +120,16 @@ impl Backoff {
     /// costlier checks, such as for failed peers, once it is not).
     #[inline]
     pub fn is_spinning(&self) -> bool {
-        self.step < SPIN_STEPS
+        self.step < self.spin_rounds
+    }
+
+    /// Whether the spin and yield rounds of a [`Backoff::parking`] or
+    /// [`Backoff::polling`] are over, so that the next round would park: a
+    /// wait with a sleep of its own (a futex word another process rings)
+    /// takes over from here instead of calling [`Backoff::snooze`] again.
+    #[inline]
+    pub fn yields_done(&self) -> bool {
+        !self.is_spinning() && self.rounds >= self.park_after
     }
 
     /// Starts over (after progress).
@@ -116,8 +151,9 @@ impl Backoff {
         }
         #[cfg(not(loom))]
         {
-            if self.step < SPIN_STEPS {
-                for _ in 0..1u32 << self.step {
+            if self.step < self.spin_rounds {
+                let pauses = if self.doubling { 1u32 << self.step } else { 1 };
+                for _ in 0..pauses {
                     core::hint::spin_loop();
                 }
                 self.step += 1;
@@ -160,14 +196,34 @@ mod tests {
             b.snooze(|| yields += 1);
         }
         assert!(!b.is_spinning());
+        assert!(!b.yields_done());
         assert_eq!(yields, 0, "spinning does not yield");
         for _ in 0..5 {
             b.snooze(|| yields += 1);
         }
         assert_eq!(yields, 5, "every round after spinning yields");
         assert_eq!(b.rounds, 5, "3 yield rounds, then 2 parks");
+        assert!(b.yields_done());
         b.reset();
         assert!(b.is_spinning());
+    }
+
+    #[test]
+    fn polling_phases() {
+        let mut b = Backoff::polling(100, 2);
+        let mut yields = 0;
+        for _ in 0..100 {
+            assert!(b.is_spinning() && !b.yields_done());
+            b.snooze(|| yields += 1);
+        }
+        assert_eq!(yields, 0, "100 polls, no yield");
+        b.snooze(|| yields += 1);
+        b.snooze(|| yields += 1);
+        assert_eq!(yields, 2);
+        assert!(b.yields_done(), "then the wait's own sleep takes over");
+        let none = Backoff::polling(0, 0);
+        assert!(!none.is_spinning() && none.yields_done());
+        assert!(!Backoff::new().yields_done(), "a back-off that never parks");
     }
 
     #[test]

@@ -15,8 +15,11 @@ use super::control::state;
 use crate::com::wait::{Watch, poll_for};
 use crate::com::{Error, Result};
 
-/// Polls with a short pause in between (about 5 µs in all on this kind of
-/// machine), so that a peer running on another core is seen at once.
+/// The waits' back-off (`ct_sync::Backoff::polling`) polls with a short
+/// pause in between (about 5 µs in all on this kind of machine), so that a
+/// peer running on another core is seen at once. (The back-off's default
+/// spin, under a microsecond before its first yield, made the 2-process
+/// communication barrier ten times slower: 0.31 → 3.6 µs.)
 const SPIN_ROUNDS: u32 = 128;
 /// Then yields (each returns at once when nobody else waits for the
 /// processor) for up to about a millisecond before sleeping: a peer a few
@@ -54,6 +57,16 @@ pub(super) fn rounds(size: usize) -> (u32, u32) {
         (SPIN_ROUNDS_OVERSUBSCRIBED, YIELD_ROUNDS_OVERSUBSCRIBED)
     } else {
         (SPIN_ROUNDS, YIELD_ROUNDS)
+    }
+}
+
+/// The back-off's yield: the user-level thread to its worker's other
+/// threads, then the processor (on OS threads `U::yield_now` is the
+/// processor's yield).
+fn yield_both<U: UltItf>() {
+    U::yield_now();
+    if core::any::TypeId::of::<U>() != core::any::TypeId::of::<ct_worker::OsThreads>() {
+        std::thread::yield_now();
     }
 }
 
@@ -114,7 +127,7 @@ impl<U: UltItf> ShmCom<U> {
         what: Option<&dyn Fn() -> String>,
         mut poll: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
-        let mut round = 0u32;
+        let mut backoff = ct_sync::Backoff::polling(self.spin_rounds, self.yield_rounds);
         let mut asleep_since: Option<Instant> = None;
         let mut peers_watched: Option<Instant> = None;
         let mut reported = false;
@@ -126,14 +139,10 @@ impl<U: UltItf> ShmCom<U> {
                 // What we wait for may have happened just before the peer left.
                 return poll()?.ok_or(e);
             }
-            if round < self.spin_rounds {
-                std::hint::spin_loop();
-            } else if round < self.spin_rounds + self.yield_rounds {
-                U::yield_now();
-                // On OS threads `U::yield_now` was the processor's yield.
-                if core::any::TypeId::of::<U>() != core::any::TypeId::of::<ct_worker::OsThreads>() {
-                    std::thread::yield_now();
-                }
+            if !backoff.yields_done() {
+                // Poll, then yield: the one back-off, up to where it would
+                // park; the doorbell's sleep takes over from there.
+                backoff.snooze(yield_both::<U>);
             } else {
                 let now = Instant::now();
                 let since = *asleep_since.get_or_insert(now);
@@ -180,7 +189,6 @@ impl<U: UltItf> ShmCom<U> {
                     U::yield_now();
                 }
             }
-            round = round.saturating_add(1);
         }
     }
 
