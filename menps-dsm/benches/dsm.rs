@@ -24,7 +24,7 @@ use std::process::Command;
 
 use ct_bench::{Args, Param, Stats, emit, repeat, time_secs};
 use ct_worker::OsThreads;
-use menps_dsm::com::{AnyCom, Coll, Comm, Traffic};
+use menps_dsm::com::{AnyCom, Coll, Comm, P2p, Source, Traffic};
 use menps_dsm::dsm::allocator::in_dsm_context;
 use menps_dsm::dsm::team::{Team, TeamThread};
 use menps_dsm::dsm::{Dsm, DsmAllocator};
@@ -44,9 +44,14 @@ dsm [--parts barrier,read,false-sharing,protocol,fork-join,team-barrier,alloc]
     [--protocol-iters 30] [--wn-lists 16,1024]
 
 dsm-barrier    empty DSM barrier (us), with no other DSM memory and with
-               1 GiB of segments allocated; baseline: the comm layer's barrier.
+               1 GiB of segments allocated; baselines: the comm layer's
+               barrier, and `comm-round-trip`: an 8-byte message from
+               process 0 to 1 and back.
 read           process 0 writes S bytes, barrier, process 1 reads them all
-               (MB/s of the read phase); baseline: memcpy of S bytes.
+               (MB/s of the read phase); baselines: memcpy of S bytes, and
+               `tcp-stream`: a TCP connection from process 0 to process 1
+               (loopback on one machine, the link across hosts) streaming
+               64 MiB in writes of S bytes.
 false-sharing  every process writes its stripes of one 32 KiB block (stripes
                cyclic by process), then a barrier (us per iteration).
 protocol       CG-like sparse mat-vec iterations (us per iteration) under
@@ -65,7 +70,8 @@ dsm-alloc      malloc/free pairs of 64 B and 4 KiB through DsmAllocator from a
 MENPS_NET_LATENCY=25us MENPS_NET_BANDWIDTH=10Gbit (environment): run over a
                modelled network; the lines carry the model and the
                communication operations per operation.
-Targets (2 processes): barrier <= 5 us whatever the DSM size; false sharing
+Targets (2 processes): barrier <= 5 us whatever the DSM size (across
+hosts: <= the round trip + 5 us); false sharing
 <= 60 us at every stripe; read >= 2000 MB/s at 1 and 16 MiB, >= 400 MB/s at
 4 KiB; with 4 processes every figure >= 2x better than ArgoDSM's; fork-join
 <= 10 us; team barrier 2x1 <= 2 us; a DSM malloc/free pair <= 3x the system
@@ -74,6 +80,12 @@ allocator's.";
 type D = Dsm<AnyCom<OsThreads>, OsThreads>;
 
 const CHILD: &str = "MENPS_DSM_BENCH_PART";
+
+/// Message tag of the round-trip baseline (below the DSM's tags).
+const RTT_TAG: menps_dsm::com::Tag = 7;
+
+/// Bytes the TCP baseline streams per run.
+const TCP_BYTES: usize = 64 << 20;
 
 /// The options [`job`] reads (in the job processes; the driver checks them).
 const JOB_OPTIONS: &[&str] = &[
@@ -361,12 +373,49 @@ impl Bench<'_> {
         let mut params = vec![("dsm_bytes", gib.into())];
         params.extend(counts);
         self.emit("dsm-barrier", "menps", &params, "us", &big);
+        let rtt = self.round_trip(n);
+        self.emit(
+            "dsm-barrier",
+            "comm-round-trip",
+            &[("dsm_bytes", 0usize.into())],
+            "us",
+            &rtt,
+        );
         if self.dsm.rank() == 0 {
             eprintln!(
-                "dsm-barrier: {:.2} us empty, {:.2} us with 1 GiB (comm barrier {:.2} us); target <= 5 us",
-                empty.median, big.median, plain.median
+                "dsm-barrier: {:.2} us empty, {:.2} us with 1 GiB (comm barrier {:.2} us, \
+                 round trip {:.2} us); target <= 5 us on one machine, <= round trip + 5 us \
+                 across hosts",
+                empty.median, big.median, plain.median, rtt.median
             );
         }
+    }
+
+    /// Round trip of an 8-byte message between ranks 0 and 1 through the
+    /// communication layer (us; the others wait).
+    fn round_trip(&self, n: usize) -> Stats {
+        let com = self.dsm.com();
+        let me = com.rank();
+        let msg = 0x5eed_u64.to_le_bytes();
+        self.agreed(|| {
+            if me > 1 {
+                return 0.0;
+            }
+            let peer = 1 - me;
+            time_secs(|| {
+                for _ in 0..n {
+                    if me == 0 {
+                        com.send(peer, RTT_TAG, &msg).unwrap();
+                        let (_, m) = com.recv(Source::Rank(peer), RTT_TAG).unwrap();
+                        assert_eq!(m, msg, "round trip: wrong payload");
+                    } else {
+                        let (_, m) = com.recv(Source::Rank(peer), RTT_TAG).unwrap();
+                        com.send(peer, RTT_TAG, &m).unwrap();
+                    }
+                }
+            }) * 1e6
+                / n as f64
+        })
     }
 
     fn read(&self, sizes: &[usize], blocks: &[usize]) {
@@ -386,6 +435,16 @@ impl Bench<'_> {
                 (s * reps) as f64 / t / 1e6
             });
             self.emit("read", "memcpy", &[("size", s.into())], "MB/s", &base);
+        }
+        // TCP baseline: the link's bandwidth from process 0 to process 1
+        // (loopback on one machine), streamed in writes of S bytes.
+        let tcp = tcp::Link::open(self.dsm.com());
+        for &s in sizes {
+            let st = self.agreed(|| {
+                tcp.as_ref()
+                    .map_or(0.0, |l| l.stream_mbs(s, TCP_BYTES.max(s)))
+            });
+            self.emit("read", "tcp-stream", &[("size", s.into())], "MB/s", &st);
         }
         for &bs in blocks {
             let seg = self
@@ -711,6 +770,163 @@ impl Bench<'_> {
                     "team-barrier {n}x{t}: {:.2} us per episode; target (2x1) <= 2 us",
                     st.median
                 );
+            }
+        }
+    }
+}
+
+/// The TCP baseline of `read`.
+mod tcp {
+    use std::io::{Read, Write};
+    use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+    use std::time::Duration;
+
+    use ct_bench::time_secs;
+    use ct_worker::OsThreads;
+    use menps_dsm::com::{AnyCom, Coll, Comm};
+
+    /// Addresses process 0 offers at most.
+    const MAX_ADDRS: usize = 16;
+
+    /// One end of a TCP connection between processes 0 and 1.
+    pub struct Link {
+        stream: TcpStream,
+        sender: bool,
+    }
+
+    /// Process 0's IPv4 addresses, loopback last.
+    fn own_addrs() -> Vec<Ipv4Addr> {
+        let mut out = Vec::new();
+        let mut ifs: *mut libc::ifaddrs = std::ptr::null_mut();
+        // SAFETY: getifaddrs fills `ifs` with a list we free below.
+        if unsafe { libc::getifaddrs(&mut ifs) } != 0 {
+            return vec![Ipv4Addr::LOCALHOST];
+        }
+        let mut p = ifs;
+        while !p.is_null() {
+            // SAFETY: `p` is an element of the list getifaddrs returned.
+            let ifa = unsafe { &*p };
+            if !ifa.ifa_addr.is_null()
+                // SAFETY: a non-null address of the list.
+                && i32::from(unsafe { (*ifa.ifa_addr).sa_family }) == libc::AF_INET
+            {
+                // SAFETY: an AF_INET address is a sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                out.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+            }
+            p = ifa.ifa_next;
+        }
+        // SAFETY: the list from getifaddrs, freed once.
+        unsafe { libc::freeifaddrs(ifs) };
+        out.sort_by_key(|a| a.is_loopback());
+        out.truncate(MAX_ADDRS);
+        out
+    }
+
+    impl Link {
+        /// Connects process 1 to process 0 (collective; `None` on the other
+        /// processes, or if no address of process 0 was reachable).
+        pub fn open(com: &AnyCom<OsThreads>) -> Option<Link> {
+            let me = com.rank();
+            let listener = (me == 0).then(|| TcpListener::bind(("0.0.0.0", 0)).expect("bind"));
+            // Port, count, addresses.
+            let mut offer = [0u8; 8 + 4 * MAX_ADDRS];
+            if let Some(l) = &listener {
+                let addrs = own_addrs();
+                let port = l.local_addr().expect("local address").port();
+                offer[..4].copy_from_slice(&u32::from(port).to_le_bytes());
+                offer[4..8].copy_from_slice(&(addrs.len() as u32).to_le_bytes());
+                for (i, a) in addrs.iter().enumerate() {
+                    offer[8 + 4 * i..12 + 4 * i].copy_from_slice(&a.octets());
+                }
+            }
+            com.broadcast(0, &mut offer).expect("broadcast");
+            let word = |i: usize| u32::from_le_bytes(offer[i..i + 4].try_into().expect("4"));
+            let link = match me {
+                0 => {
+                    let l = listener.expect("listener");
+                    l.set_nonblocking(true).expect("nonblocking");
+                    // Process 1 says whether it connected, after trying.
+                    let mut stream = None;
+                    let mut ok = [0u8; 1];
+                    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                    while stream.is_none() && std::time::Instant::now() < deadline {
+                        match l.accept() {
+                            Ok((s, _)) => stream = Some(s),
+                            Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                        }
+                    }
+                    com.broadcast(1, &mut ok).expect("broadcast");
+                    stream.filter(|_| ok[0] == 1).map(|s| Link {
+                        stream: s,
+                        sender: true,
+                    })
+                }
+                1 => {
+                    let port = word(0) as u16;
+                    let n = (word(4) as usize).min(MAX_ADDRS);
+                    let stream = (0..n).find_map(|i| {
+                        let o = &offer[8 + 4 * i..12 + 4 * i];
+                        let a = SocketAddr::from((Ipv4Addr::new(o[0], o[1], o[2], o[3]), port));
+                        TcpStream::connect_timeout(&a, Duration::from_secs(1)).ok()
+                    });
+                    let mut ok = [u8::from(stream.is_some())];
+                    com.broadcast(1, &mut ok).expect("broadcast");
+                    stream.map(|s| Link {
+                        stream: s,
+                        sender: false,
+                    })
+                }
+                _ => {
+                    com.broadcast(1, &mut [0u8; 1]).expect("broadcast");
+                    None
+                }
+            };
+            if let Some(l) = &link {
+                l.stream.set_nonblocking(false).expect("blocking");
+                l.stream.set_nodelay(true).expect("nodelay");
+            } else if me < 2 {
+                eprintln!(
+                    "dsm bench: no TCP connection from process 1 to process 0; no tcp baseline"
+                );
+            }
+            link
+        }
+
+        /// Process 1 asks for `total` bytes; process 0 sends them in writes
+        /// of `chunk` bytes; MB/s as process 1 measured it (on both ends).
+        pub fn stream_mbs(&self, chunk: usize, total: usize) -> f64 {
+            let mut s = &self.stream;
+            let mut buf = vec![0x5au8; chunk];
+            if self.sender {
+                let mut go = [0u8; 1];
+                s.read_exact(&mut go).expect("tcp baseline: read");
+                let mut left = total;
+                while left > 0 {
+                    let k = left.min(chunk);
+                    s.write_all(&buf[..k]).expect("tcp baseline: write");
+                    left -= k;
+                }
+                // The receiver's figure.
+                let mut v = [0u8; 8];
+                s.read_exact(&mut v).expect("tcp baseline: read");
+                f64::from_le_bytes(v)
+            } else {
+                let t = time_secs(|| {
+                    s.write_all(&[1]).expect("tcp baseline: write");
+                    let mut left = total;
+                    while left > 0 {
+                        let k = s
+                            .read(&mut buf[..left.min(chunk)])
+                            .expect("tcp baseline: read");
+                        assert!(k > 0, "tcp baseline: connection closed");
+                        left -= k;
+                    }
+                });
+                let mbs = total as f64 / t / 1e6;
+                s.write_all(&mbs.to_le_bytes())
+                    .expect("tcp baseline: write");
+                mbs
             }
         }
     }

@@ -436,7 +436,9 @@ rank 0 against rank 1's window, for two ways of issuing RMA:
                       completer user-level threads; the caller parks);
 with memcpy / raw-load / raw-atomic on the same mapping (MPI_Win_shared_query,
 one machine with osc sm) as the physical limit. Everything runs on one
-user-level thread worker per process. Iterations are 1/20 of shm's.";
+user-level thread worker per process. Iterations are 1/20 of shm's;
+--atomics N (default 50000) sets the CAS and fetch-add iterations (fewer
+across hosts, where an emulated atomic takes hundreds of microseconds).";
 
     type Com = MpiCom<Ult>;
 
@@ -495,6 +497,7 @@ user-level thread worker per process. Iterations are 1/20 of shm's.";
         let runs: usize = args.get("runs", 7);
         let pingpongs: usize = args.get("pingpongs", 20_000) / 4;
         let barriers: usize = args.get("barriers", 20_000) / 4;
+        let atomics: usize = args.get("atomics", 50_000);
         args.finish("rma (mpi)");
         let com: Com = menps_dsm::launch::init().unwrap_or_else(|e| {
             eprintln!("rma (mpi): {e}");
@@ -508,19 +511,29 @@ user-level thread worker per process. Iterations are 1/20 of shm's.";
             eprintln!("rma (mpi): {}", com.library_version());
         }
         let rt = ct_worker::Runtime::builder().workers(1).build().unwrap();
-        rt.block_on(|| body(&com, &sizes, batch.max(1), runs, pingpongs, barriers));
+        let counts = Counts {
+            pingpongs,
+            barriers,
+            atomics: atomics.max(1),
+        };
+        rt.block_on(|| body(&com, &sizes, batch.max(1), runs, &counts));
         // Rank 0 emitted every line; the others print nothing.
         ct_bench::print_summary();
     }
 
-    fn body(
-        com: &Com,
-        sizes: &[usize],
-        batch: usize,
-        runs: usize,
+    /// Iterations of the parts with a fixed count.
+    struct Counts {
         pingpongs: usize,
         barriers: usize,
-    ) {
+        atomics: usize,
+    }
+
+    fn body(com: &Com, sizes: &[usize], batch: usize, runs: usize, counts: &Counts) {
+        let Counts {
+            pingpongs,
+            barriers,
+            atomics,
+        } = *counts;
         let me = com.rank();
         let b = Bench { com, runs };
         let max = sizes.iter().copied().max().unwrap_or(8).max(64);
@@ -536,7 +549,7 @@ user-level thread worker per process. Iterations are 1/20 of shm's.";
         }
         com.barrier().unwrap();
         if me == 0 {
-            measure_rma(&b, win, target, sizes, max, batch);
+            measure_rma(&b, win, target, sizes, max, batch, atomics);
         }
         com.set_offloaded(false);
         com.barrier().unwrap();
@@ -562,6 +575,7 @@ user-level thread worker per process. Iterations are 1/20 of shm's.";
         sizes: &[usize],
         max: usize,
         batch: usize,
+        atomics: usize,
     ) {
         let com = b.com;
         let data_ptr = win.at(target, 0);
@@ -596,7 +610,7 @@ user-level thread worker per process. Iterations are 1/20 of shm's.";
                 let s = b.latency(iters, |_| com.write(data_ptr, black_box(&pattern)).unwrap());
                 b.emit("rma", imp, "write", size, "ns", &s);
             }
-            let iters = 50_000;
+            let iters = atomics;
             eprintln!("{imp}: atomics x {iters}...");
             let mut next = com.atomic_load(atom_ptr).unwrap();
             let s = b.latency(iters, |_| {

@@ -428,10 +428,10 @@ fn stats_print_protocol_and_communication_counters() {
                 .find(|l| l.starts_with(&format!("{prefix}com: ")))
                 .unwrap_or_else(|| panic!("{what}: no com line of {r}: {}", run.dump()));
             eprintln!("{what}:\n{dsm}\n{com}");
-            // The DSM's barriers (and the final one of the communication
-            // layer) are collectives of the communication layer.
+            // The DSM's barriers are allgathers of the communication layer
+            // (carrying the release signatures).
             assert!(
-                counter(com, "barriers") >= counter(dsm, "barriers"),
+                counter(com, "allgathers") >= counter(dsm, "barriers"),
                 "{com}"
             );
             // Locks, directories and fetches go through one-sided operations.
@@ -447,8 +447,10 @@ fn stats_print_protocol_and_communication_counters() {
                     assert!(com.contains("latency_us=0 bandwidth_gbit=none"), "{com}");
                 }
                 Some(_) => {
-                    // Each barrier alone waits ceil(log2 3) x 50 us.
-                    let min = counter(com, "barriers") * 2.0 * 0.05;
+                    // Each barrier and allgather alone waits ceil(log2 3)
+                    // x 50 us.
+                    let colls = counter(com, "barriers") + counter(com, "allgathers");
+                    let min = colls * 2.0 * 0.05;
                     assert!(counter(com, "delay_ms") >= min, "{com}");
                     assert!(com.contains("latency_us=50 "), "{com}");
                 }

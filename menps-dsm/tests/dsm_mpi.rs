@@ -192,3 +192,38 @@ fn mpi_windows_created_on_own_memory() {
 fn mpi_user_level_threads_offloaded_on_own_memory() {
     run_across_machines_config("ult_faults", &[("MENPS_MPI_OFFLOAD", "1")]);
 }
+
+/// Modelled one-way latency of [`mpi_scenarios_across_simulated_hosts`]
+/// (an Ethernet cluster's).
+const ACROSS_HOSTS_LATENCY: &str = "25us";
+
+/// The scenario subset across simulated hosts: each shared scenario once,
+/// with 2 processes on 2 hosts (3 for the race) that share no memory, under
+/// the default policy and the backend's multi-machine defaults, over 25 µs
+/// of modelled latency on top of the TCP links. Needs root and
+/// `MENPS_TEST_MPIRUN` naming `tests/multihost/mpirun` (CI runs it so, in
+/// release); a plain `mpirun` runs the same jobs on one host.
+#[test]
+#[ignore = "needs simulated hosts: MENPS_TEST_MPIRUN=<repo>/tests/multihost/mpirun, as root"]
+fn mpi_scenarios_across_simulated_hosts() {
+    let env = [("MENPS_NET_LATENCY", ACROSS_HOSTS_LATENCY)];
+    for scenario in [
+        "producer_consumer",
+        "false_sharing",
+        "mutex_increments",
+        "atomic_increments",
+        "single_writer",
+        "single_writer_mutex",
+        "pinned_stack",
+        "ult_faults",
+    ] {
+        let run = job(scenario, 2, POLICIES[0], &env);
+        assert_passed(&run, &format!("{scenario} across 2 hosts"), 2);
+    }
+    let run = job("race", 3, POLICIES[0], &env);
+    assert!(
+        !run.status.success() && run.stdout.contains("detected: write-write data race at 0x"),
+        "race across hosts not reported: {}",
+        run.dump()
+    );
+}

@@ -2,10 +2,13 @@
 //! releaser's signature, and atomics on DSM words (Endo 2020 §3.5.3;
 //! `original-menps-design.md` §3.11).
 //!
-//! - **Barrier** = release fence, then every process writes its release
-//!   signature into its own slot of a window (double-buffered by barrier
-//!   parity), a plain barrier of the communication layer, and every process
-//!   reads the others' signatures one-sidedly and acquires them. Its cost
+//! - **Barrier** = release fence, then an allgather of the processes'
+//!   release signatures, and every process acquires the others'. A
+//!   signature of up to [`BARRIER_INLINE_NOTICES`] write notices travels in
+//!   the allgather itself (one collective, the cost of the communication
+//!   layer's barrier); a longer one is written into its process's slot of a
+//!   window (double-buffered by barrier parity) before, the allgather
+//!   carries its header, and the others read it one-sidedly after. Its cost
 //!   does not depend on how much DSM memory exists: only blocks in the write
 //!   set are released, only listed blocks are invalidated.
 //! - **Mutexes** are distributed queue locks ([`super::qlock`]) whose
@@ -38,6 +41,13 @@ use super::space::{AtomicOp, DSM_TAG_BIT, Space, Timed};
 
 /// Sync slots for atomics.
 pub(crate) const ATOMIC_SLOTS: usize = 64;
+/// Write notices a barrier carries in its collective (a longer signature is
+/// read from the releaser's slot after it).
+const BARRIER_INLINE_NOTICES: usize = 8;
+/// Bytes per process of the barrier's collective: a signature with at most
+/// [`BARRIER_INLINE_NOTICES`] notices (small enough for the backends'
+/// one-step allgathers).
+const BARRIER_RECORD_BYTES: usize = HEADER_BYTES + BARRIER_INLINE_NOTICES * WriteNotice::BYTES;
 /// Racing words the job remembers as reported (more are reported again).
 const RACE_SLOTS: usize = 1024;
 
@@ -184,18 +194,35 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut mine = core::mem::replace(&mut *self.rel_sig.lock(), Signature::new(cap));
         let bytes = mine.to_bytes();
         let off = ((*epoch % 2) as usize * s.sig_bytes) as u64;
-        self.com.write(s.sig_win.at(self.rank, off), &bytes)?;
-        self.com.flush(self.rank)?;
-        {
-            let _w = Timed::new(&stats.barrier_wait_ns);
-            self.com.barrier()?;
+        // The signature travels with the barrier if it is short; a longer
+        // one is left in our slot for the others to read, and the record
+        // carries its header only (its count tells them to read it).
+        let mut record = [0u8; BARRIER_RECORD_BYTES];
+        if bytes.len() <= BARRIER_RECORD_BYTES {
+            record[..bytes.len()].copy_from_slice(&bytes);
+        } else {
+            self.com.write(s.sig_win.at(self.rank, off), &bytes)?;
+            self.com.flush(self.rank)?;
+            record[..HEADER_BYTES].copy_from_slice(&bytes[..HEADER_BYTES]);
         }
+        let records = {
+            let _w = Timed::new(&stats.barrier_wait_ns);
+            self.com.allgather(&record)?
+        };
         let mut min = 0;
-        for q in 0..self.nprocs {
+        for (q, rec) in records.chunks_exact(BARRIER_RECORD_BYTES).enumerate() {
             if q == self.rank {
                 continue;
             }
-            let mut sig = self.read_signature(s.sig_win, q, off)?;
+            let (_, n) = Signature::parse_header(rec);
+            let inline = n <= BARRIER_INLINE_NOTICES;
+            let mut sig = if inline {
+                Signature::from_bytes(rec, cap).ok_or_else(|| {
+                    DsmError::Misuse(format!("corrupt barrier record from process {q}"))
+                })?
+            } else {
+                self.read_signature(s.sig_win, q, off)?
+            };
             min = min.max(sig.min_wr_ts());
             self.acquire(&mut sig)?;
         }

@@ -3,12 +3,16 @@
 //! of blocking their worker).
 //!
 //! Broadcast and allgather first exchange a header (operation, length, root)
-//! with a small allgather; every process compares all headers and, on a
-//! mismatch, returns [`Error::CollectiveMismatch`] — all alike, and without
-//! starting the mismatched MPI collective, whose behaviour would be
-//! undefined. Data moves through buffers owned by the call (copied from and
-//! to the caller's), so that an abandoned collective (a process left the
-//! job) can never write into memory the caller has reused.
+//! with a small allgather of [`HEAD_SLOT`] bytes per process; every process
+//! compares all headers and, on a mismatch, returns
+//! [`Error::CollectiveMismatch`] — all alike, and without starting the
+//! mismatched MPI collective, whose behaviour would be undefined. An
+//! allgather of at most [`INLINE_BYTES`] per process travels in that same
+//! exchange, so it costs one MPI collective, as a barrier does (the DSM's
+//! barrier is such an allgather). Data moves through buffers owned by the
+//! call (copied from and to the caller's), so that an abandoned collective
+//! (a process left the job) can never write into memory the caller has
+//! reused.
 
 use std::os::raw::{c_int, c_void};
 
@@ -26,6 +30,18 @@ pub(crate) const OP_WIN_DESTROY: u64 = 4;
 
 /// Bytes per MPI call of a chunked collective.
 const CHUNK: usize = 1 << 26;
+
+/// Bytes per process of every header exchange: the header's three words,
+/// then room for an allgather's data. Always this size, so that any two
+/// collectives with a header meet as a mismatch, never as MPI calls with
+/// different counts.
+pub(crate) const HEAD_SLOT: usize = 256;
+
+/// Bytes per process an allgather may carry inside its header exchange.
+pub(crate) const INLINE_BYTES: usize = HEAD_SLOT - HEADER_WORDS * 8;
+
+/// Words of a collective's header.
+const HEADER_WORDS: usize = 3;
 
 /// Process-local state of the collectives (guarded by the collective lock).
 pub(crate) struct CollState {
@@ -121,23 +137,44 @@ impl<U: UltItf> MpiCom<U> {
     /// collective lock.
     pub(crate) fn exchange_headers(
         &self,
-        _st: &mut CollState,
+        st: &mut CollState,
         mine: [u64; 3],
     ) -> Result<Vec<[u64; 3]>> {
-        let bytes: Vec<u8> = mine.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let all = self.allgather_raw(&bytes)?;
-        Ok(all
-            .chunks_exact(24)
+        let (heads, _) = self.exchange_slots(st, mine, &[])?;
+        Ok(heads)
+    }
+
+    /// Exchanges a header and up to [`INLINE_BYTES`] of `payload` with
+    /// every process in one allgather of [`HEAD_SLOT`] bytes each: returns
+    /// every process's header and the whole slots (payload at
+    /// `HEADER_WORDS * 8` of each).
+    fn exchange_slots(
+        &self,
+        _st: &mut CollState,
+        mine: [u64; 3],
+        payload: &[u8],
+    ) -> Result<(Vec<[u64; 3]>, Vec<u8>)> {
+        debug_assert!(payload.len() <= INLINE_BYTES);
+        let mut slot = [0u8; HEAD_SLOT];
+        for (i, w) in mine.iter().enumerate() {
+            slot[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+        }
+        let at = HEADER_WORDS * 8;
+        slot[at..at + payload.len()].copy_from_slice(payload);
+        let all = self.allgather_raw(&slot)?;
+        let heads = all
+            .chunks_exact(HEAD_SLOT)
             .map(|c| {
                 let w = |i: usize| u64::from_le_bytes(c[8 * i..8 * i + 8].try_into().expect("8"));
                 [w(0), w(1), w(2)]
             })
-            .collect())
+            .collect();
+        Ok((heads, all))
     }
 
-    /// Exchanges headers and checks that everyone called the same thing.
-    fn agree(&self, st: &mut CollState, mine: [u64; 3]) -> Result<()> {
-        for (r, h) in self.exchange_headers(st, mine)?.iter().enumerate() {
+    /// Checks that every process called the same collective.
+    fn check_heads(&self, heads: &[[u64; 3]], mine: [u64; 3]) -> Result<()> {
+        for (r, h) in heads.iter().enumerate() {
             if *h != mine {
                 return Err(Error::CollectiveMismatch(format!(
                     "rank {} called {}, but rank {r} called {}",
@@ -148,6 +185,12 @@ impl<U: UltItf> MpiCom<U> {
             }
         }
         Ok(())
+    }
+
+    /// Exchanges headers and checks that everyone called the same thing.
+    fn agree(&self, st: &mut CollState, mine: [u64; 3]) -> Result<()> {
+        let heads = self.exchange_headers(st, mine)?;
+        self.check_heads(&heads, mine)
     }
 }
 
@@ -196,10 +239,22 @@ impl<U: UltItf> Coll for MpiCom<U> {
         let total = src.len();
         check::allgather_len(self.size, total, dst.len())?;
         let mut st = self.coll.lock();
-        self.agree(&mut st, [OP_ALLGATHER, total as u64, 0])?;
-        if total == 0 {
+        let mine = [OP_ALLGATHER, total as u64, 0];
+        if total <= INLINE_BYTES {
+            // One collective: the data rides in the header exchange.
+            let (heads, slots) = self.exchange_slots(&mut st, mine, src)?;
+            self.check_heads(&heads, mine)?;
+            let at = HEADER_WORDS * 8;
+            for (r, out) in dst
+                .chunks_exact_mut(total.max(1))
+                .enumerate()
+                .take(self.size)
+            {
+                out.copy_from_slice(&slots[r * HEAD_SLOT + at..r * HEAD_SLOT + at + total]);
+            }
             return Ok(());
         }
+        self.agree(&mut st, mine)?;
         let all = self.allgather_raw(src)?;
         dst.copy_from_slice(&all);
         Ok(())
