@@ -340,6 +340,14 @@ pub const MENPS_MPI_WINDOWS: Var = var(
     "menps-dsm (mpi)",
     "how MPI windows are made",
 );
+/// How RMA reaches other processes on MPI.
+pub const MENPS_MPI_RMA: Var = var(
+    "MENPS_MPI_RMA",
+    Kind::Choice(&["onesided", "messages", "auto"]),
+    "auto",
+    "menps-dsm (mpi)",
+    "RMA as MPI one-sided operations, or as requests the target serves",
+);
 /// Check `OMPI_MCA_osc`.
 pub const MENPS_MPI_OSC_CHECK: Var = var(
     "MENPS_MPI_OSC_CHECK",
@@ -500,6 +508,7 @@ pub const ALL: &[Var] = &[
     MENPS_MPI_OFFLOAD,
     MENPS_MPI_PROGRESS_US,
     MENPS_MPI_WINDOWS,
+    MENPS_MPI_RMA,
     MENPS_MPI_OSC_CHECK,
     MENPS_MPI_REEXEC,
     OMPI_MCA_OSC,

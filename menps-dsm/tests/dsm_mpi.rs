@@ -28,11 +28,20 @@
 //! - a deliberate write-write race with 3 processes, reported as such;
 //! - the multi-machine configuration of the backend, on this machine:
 //!   windows registered with `MPI_Win_create` on our own `memfd` memory
-//!   (`osc ucx`, `MENPS_MPI_WINDOWS=create`, the default across machines)
+//!   (`osc ucx`, `MENPS_MPI_WINDOWS=create`, the default across machines,
+//!   with one-sided RMA as on a cluster with an RDMA device)
 //!   for producer/consumer, false sharing, mutex and atomic increments with
 //!   2 and 4 processes under the default policy, and ULT faults with RMA
 //!   offloaded as well (`MENPS_MPI_OFFLOAD=1`, the default for user-level
 //!   threads across machines).
+//!
+//! - served RMA (`MENPS_MPI_RMA=messages`, the default across machines
+//!   without an RDMA device): producer/consumer, false sharing, mutex
+//!   increments (4 processes), atomic increments, a single writer through a
+//!   mutex and ULT faults;
+//! - across 2 simulated hosts (`tests/multihost`, ignored unless asked for,
+//!   run by CI as root): every scenario once, over 25 µs of modelled
+//!   latency.
 //!
 //! The heap, `DsmBox`/`DsmVec` and `dsm_global!` run under `mpirun` in
 //! `dsm_heap.rs` (`heap_typed_and_globals_under_mpirun`, with the `mpi`
@@ -72,8 +81,13 @@ const PROCS: &[usize] = &[2, 4];
 /// processes × 10^3 mutex increments took 1.4 .. 22 s with the default
 /// 1 ms progress interval (1.8 .. 4.5 s with 100 µs). A shorter interval
 /// keeps the suite's time predictable.
+///
+/// RMA stays one-sided here (`MENPS_MPI_RMA=onesided`, what a cluster with
+/// an RDMA device gets); served RMA, the default without one, runs in
+/// [`mpi_served_rma_dsm_scenarios`].
 const ACROSS_MACHINES: &[(&str, &str)] = &[
     ("MENPS_MPI_WINDOWS", "create"),
+    ("MENPS_MPI_RMA", "onesided"),
     ("MENPS_MPI_PROGRESS_US", "100"),
 ];
 
@@ -191,6 +205,29 @@ fn mpi_windows_created_on_own_memory() {
 #[test]
 fn mpi_user_level_threads_offloaded_on_own_memory() {
     run_across_machines_config("ult_faults", &[("MENPS_MPI_OFFLOAD", "1")]);
+}
+
+/// The DSM on served RMA (`MENPS_MPI_RMA=messages`: every one-sided
+/// operation a request its target serves, the default across machines
+/// without an RDMA device) on this machine: the scenarios that lean on
+/// remote atomics, locks and faults, with 2 processes (4 for the locks).
+#[test]
+fn mpi_served_rma_dsm_scenarios() {
+    let served = [
+        ("MENPS_MPI_RMA", "messages"),
+        ("MENPS_MPI_WINDOWS", "create"),
+    ];
+    for (scenario, n) in [
+        ("producer_consumer", 2),
+        ("false_sharing", 2),
+        ("mutex_increments", 4),
+        ("atomic_increments", 2),
+        ("single_writer_mutex", 2),
+        ("ult_faults", 2),
+    ] {
+        let run = job(scenario, n, POLICIES[0], &served);
+        assert_passed(&run, &format!("{scenario}, {n} processes, served RMA"), n);
+    }
 }
 
 /// Modelled one-way latency of [`mpi_scenarios_across_simulated_hosts`]

@@ -17,6 +17,8 @@ pub mod env {
     pub const OFFLOAD: &str = ct_config::vars::MENPS_MPI_OFFLOAD.name;
     /// Progress-thread interval in microseconds (`0`: none).
     pub const PROGRESS_US: &str = ct_config::vars::MENPS_MPI_PROGRESS_US.name;
+    /// `onesided` / `messages` / `auto`: how RMA reaches other processes.
+    pub const RMA: &str = ct_config::vars::MENPS_MPI_RMA.name;
     /// `0`: skip the `OMPI_MCA_osc` check.
     pub const OSC_CHECK: &str = ct_config::vars::MENPS_MPI_OSC_CHECK.name;
     /// `0`: never re-execute before `MPI_Init`.
@@ -44,6 +46,12 @@ pub struct MpiConfig {
     /// How windows are made (`None`: [`WindowFlavor::Shared`] when every
     /// process runs on this machine, [`WindowFlavor::Created`] otherwise).
     pub windows: Option<WindowFlavor>,
+    /// RMA as requests the target serves (`Some(true)`, see `served`), as
+    /// MPI one-sided operations (`Some(false)`), or chosen (`None`:
+    /// requests when the windows are [`WindowFlavor::Created`] and this
+    /// machine has no RDMA device, i.e. when `osc ucx` would emulate
+    /// one-sided operations over TCP).
+    pub served_rma: Option<bool>,
     /// Refuse `OMPI_MCA_osc` values known to crash or fail.
     pub osc_check: bool,
     /// Allow re-executing the process before `MPI_Init` (to set
@@ -57,6 +65,7 @@ impl Default for MpiConfig {
             offload: None,
             progress_interval: Some(Duration::from_millis(1)),
             windows: None,
+            served_rma: None,
             osc_check: true,
             reexec: true,
         }
@@ -86,6 +95,17 @@ impl MpiConfig {
                 Some(name) => WindowFlavor::parse(name).ok_or_else(|| {
                     Error::BadConfig(format!("{}={name:?}: unknown flavour", env::WINDOWS))
                 })?,
+            },
+            served_rma: match vars::MENPS_MPI_RMA.choice().map_err(bad_var)? {
+                None | Some("auto") => d.served_rma,
+                Some("messages") => Some(true),
+                Some("onesided") => Some(false),
+                Some(other) => {
+                    return Err(Error::BadConfig(format!(
+                        "{}={other:?}: use onesided, messages or auto",
+                        env::RMA
+                    )));
+                }
             },
             osc_check: vars::MENPS_MPI_OSC_CHECK
                 .flag()

@@ -328,6 +328,34 @@ pub(crate) fn improbe(
     Ok(Some((unsafe { msg.assume_init() }, st)))
 }
 
+/// The byte count of a received message's status.
+pub(crate) fn count(st: &ffi::MPI_Status) -> Result<usize> {
+    let mut count: c_int = 0;
+    // SAFETY: the status of a completed receive or matched probe.
+    check("MPI_Get_count", unsafe {
+        ffi::MPI_Get_count(st, byte(), &mut count)
+    })?;
+    Ok(count.max(0) as usize)
+}
+
+/// `MPI_Test` of a receive: its byte count once it has completed.
+///
+/// # Safety
+/// As for [`test`].
+#[inline]
+pub(crate) unsafe fn test_count(req: &mut ffi::MPI_Request) -> Result<Option<usize>> {
+    let mut flag: c_int = 0;
+    let mut st = empty_status();
+    // SAFETY: per the contract; `flag` and `st` are out-parameters.
+    check("MPI_Test", unsafe {
+        ffi::MPI_Test(req, &mut flag, &mut st)
+    })?;
+    if flag == 0 {
+        return Ok(None);
+    }
+    count(&st).map(Some)
+}
+
 /// Receives the message `msg` of [`improbe`], of `count` bytes, into `buf`.
 pub(crate) fn mrecv(mut msg: ffi::MPI_Message, buf: &mut [u8], count: c_int) -> Result<()> {
     assert!(

@@ -12,7 +12,7 @@ use ct_worker::UltItf;
 
 use super::device::{Command, Kind, RmaDevice};
 use super::raw::{self, Handle};
-use super::{MpiCom, wait};
+use super::{MpiCom, served, wait};
 use crate::com::outcome::Outcome;
 use crate::com::{RemotePtr, Request, Result, Rma, check, offload};
 
@@ -161,6 +161,72 @@ impl<U: UltItf> MpiCom<U> {
         Ok(old)
     }
 
+    /// Served RMA: a read (`dst` given) or write (`src` given) of `len`
+    /// bytes at `p`, in pieces of at most [`served::MAX_PIECE`] bytes, after
+    /// the same checks as the one-sided path.
+    ///
+    /// # Safety
+    /// `dst` valid for writes / `src` valid for reads of `len` bytes.
+    unsafe fn served_transfer(
+        &self,
+        s: &served::Server,
+        p: RemotePtr,
+        len: usize,
+        dst: Option<*mut u8>,
+        src: Option<*const u8>,
+    ) -> Result<Request<U>> {
+        self.windows.resolve(p, len, self.size)?;
+        let mut off = 0;
+        while off < len {
+            let piece = (len - off).min(served::MAX_PIECE);
+            let h = served::Header {
+                op: if dst.is_some() {
+                    served::Op::Read
+                } else {
+                    served::Op::Write
+                },
+                reply_tag: 0,
+                at: p.add(off as u64),
+                len: piece as u64,
+                a: 0,
+                b: 0,
+            };
+            // SAFETY: per the contract, the pieces lie inside the caller's
+            // buffers.
+            let (data, out): (&[u8], &mut [u8]) = unsafe {
+                match (dst, src) {
+                    (Some(d), _) => (&[], std::slice::from_raw_parts_mut(d.add(off), piece)),
+                    (None, Some(s)) => (std::slice::from_raw_parts(s.add(off), piece), &mut []),
+                    (None, None) => unreachable!("a transfer has a source or a destination"),
+                }
+            };
+            self.served_op(s, h, data, out)?;
+            off += piece;
+        }
+        Ok(Request::ready(Ok(0)))
+    }
+
+    /// Served RMA: an atomic at `p` with operands `a`, `b`.
+    fn served_atomic(
+        &self,
+        s: &served::Server,
+        p: RemotePtr,
+        op: served::Op,
+        a: u64,
+        b: u64,
+    ) -> Result<Request<U>> {
+        self.atomic_target(p)?;
+        let h = served::Header {
+            op,
+            reply_tag: 0,
+            at: p,
+            len: 8,
+            a,
+            b,
+        };
+        Ok(Request::ready(self.served_op(s, h, &[], &mut [])))
+    }
+
     /// Waits until every offloaded operation issued so far has completed
     /// (and its completion callback has run).
     fn drain_offloaded(&self) -> Result<()> {
@@ -174,6 +240,10 @@ impl<U: UltItf> Rma for MpiCom<U> {
     type Request = Request<U>;
 
     unsafe fn read_nb(&self, src: RemotePtr, dst: *mut u8, len: usize) -> Result<Request<U>> {
+        if let Some(s) = &self.server {
+            // SAFETY: forwarded contract.
+            return unsafe { self.served_transfer(s, src, len, Some(dst), None) };
+        }
         // SAFETY: forwarded contract.
         self.transfer_nb(src, len, Kind::Get { dst, len }, |t| unsafe {
             self.direct_read(t, dst, len)
@@ -181,6 +251,10 @@ impl<U: UltItf> Rma for MpiCom<U> {
     }
 
     unsafe fn write_nb(&self, dst: RemotePtr, src: *const u8, len: usize) -> Result<Request<U>> {
+        if let Some(s) = &self.server {
+            // SAFETY: forwarded contract.
+            return unsafe { self.served_transfer(s, dst, len, None, Some(src)) };
+        }
         // SAFETY: forwarded contract.
         self.transfer_nb(dst, len, Kind::Put { src, len }, |t| unsafe {
             self.direct_write(t, src, len)
@@ -188,6 +262,9 @@ impl<U: UltItf> Rma for MpiCom<U> {
     }
 
     fn compare_and_swap_nb(&self, at: RemotePtr, expected: u64, new: u64) -> Result<Request<U>> {
+        if let Some(s) = &self.server {
+            return self.served_atomic(s, at, served::Op::Cas, expected, new);
+        }
         let out = || Outcome::new(new, expected);
         // SAFETY: the operands live on this stack frame until the flush in
         // `direct_atomic` has completed the operation.
@@ -199,6 +276,9 @@ impl<U: UltItf> Rma for MpiCom<U> {
     }
 
     fn fetch_add_nb(&self, at: RemotePtr, delta: u64) -> Result<Request<U>> {
+        if let Some(s) = &self.server {
+            return self.served_atomic(s, at, served::Op::FetchAdd, delta, 0);
+        }
         // SAFETY: as in `compare_and_swap_nb`.
         self.atomic_nb(
             at,
@@ -213,6 +293,10 @@ impl<U: UltItf> Rma for MpiCom<U> {
     fn flush(&self, rank: usize) -> Result<()> {
         check::rank(rank, self.size)?;
         self.drain_offloaded()?;
+        if self.server.is_some() {
+            // Served operations are complete when they return.
+            return Ok(());
+        }
         self.windows.for_each_live(|w| {
             // SAFETY: a live, locked window.
             unsafe { raw::flush(w, rank as c_int) }
@@ -221,6 +305,9 @@ impl<U: UltItf> Rma for MpiCom<U> {
 
     fn flush_all(&self) -> Result<()> {
         self.drain_offloaded()?;
+        if self.server.is_some() {
+            return Ok(());
+        }
         self.windows.for_each_live(|w| {
             // SAFETY: a live, locked window.
             unsafe { raw::flush_all(w) }

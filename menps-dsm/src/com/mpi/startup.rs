@@ -94,3 +94,11 @@ pub(super) fn library_version() -> String {
         .trim()
         .to_owned()
 }
+
+/// Whether this machine has an RDMA device (an entry in
+/// `/sys/class/infiniband`, where the kernel lists InfiniBand, RoCE and
+/// iWARP devices): without one, `osc ucx` emulates one-sided operations
+/// over TCP.
+pub(super) fn rdma_device_present() -> bool {
+    std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some())
+}

@@ -40,6 +40,16 @@ impl<U: UltItf> MpiCom<U> {
             if let Some(v) = poll()? {
                 return Ok(v);
             }
+            // A waiting thread serves requests for served RMA: the peer it
+            // waits for may be waiting for us.
+            // Having served, it keeps polling closely (a peer that made one
+            // request usually makes the next within a round trip) rather
+            // than sleeping on.
+            if let Some(s) = &self.server
+                && s.serve()? > 0
+            {
+                backoff.reset();
+            }
             super::progress::note_poll();
             if !backoff.is_spinning() {
                 match &failed_at {

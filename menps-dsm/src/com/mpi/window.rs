@@ -115,6 +115,13 @@ impl WindowTable {
         Ok((win, start + p.offset() as ffi::MPI_Aint))
     }
 
+    /// The address in this process of `len` bytes at `p`, which must be in
+    /// this process's part of a live window (bounds checked).
+    pub(crate) fn local_ptr(&self, p: RemotePtr, len: usize, nprocs: usize) -> Result<*mut u8> {
+        let s = self.slots.access(p, len, nprocs)?;
+        Ok((s.base() + p.offset() as usize) as *mut u8)
+    }
+
     /// Runs `f` on every live window.
     pub(crate) fn for_each_live(
         &self,
