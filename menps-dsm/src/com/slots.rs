@@ -112,6 +112,15 @@ impl<X> WindowSlots<X> {
         self.slots.get(id as usize).is_some_and(Slot::is_live)
     }
 
+    /// Whether window `id` (below [`MAX_WINDOWS`]) was never made live here:
+    /// a window another process may have created already while this one is
+    /// still creating it.
+    pub(crate) fn is_unborn(&self, id: u32) -> bool {
+        self.slots
+            .get(id as usize)
+            .is_some_and(|s| s.state.load(Ordering::Acquire) == 0)
+    }
+
     /// The slot of live window `id`, else [`Error::UnknownWindow`].
     #[inline]
     pub(crate) fn live(&self, id: WindowId) -> Result<&Slot<X>> {

@@ -39,6 +39,9 @@
 //!   the target has performed it — a write is then visible to everyone, as
 //!   [`Rma`](crate::com::Rma) requires, and `flush` has nothing left to wait
 //!   for.
+//! - **Early requests**: a process may return from a window's collective
+//!   creation and send requests for it before the target has finished
+//!   creating it; the target keeps those until the window is live here.
 //! - **Errors**: an operation the target cannot perform (its window is gone,
 //!   the range is outside it: a bug or a corrupted request) gets an empty
 //!   reply, which the requester reports as [`Error::Transport`]; a target
@@ -157,8 +160,10 @@ pub(crate) struct Server {
     windows: Arc<WindowTable>,
     rank: usize,
     size: usize,
-    /// Held by the one thread serving.
-    serving: Mutex<()>,
+    /// Held by the one thread serving; holds the requests for windows this
+    /// process has not finished creating yet (a peer returned from the
+    /// collective creation first), answered once they are.
+    serving: Mutex<Vec<(c_int, Vec<u8>)>>,
     next_tag: AtomicU32,
     served: AtomicU64,
 }
@@ -175,7 +180,7 @@ impl Server {
             windows,
             rank,
             size,
-            serving: Mutex::new(()),
+            serving: Mutex::new(Vec::new()),
             next_tag: AtomicU32::new(0),
             served: AtomicU64::new(0),
         }
@@ -255,10 +260,15 @@ impl Server {
     /// Answers the requests that have arrived (at most [`SERVE_BATCH`]),
     /// unless another thread is serving; returns how many.
     pub(crate) fn serve(&self) -> Result<usize> {
-        let Ok(_serving) = self.serving.try_lock() else {
+        let Ok(mut early) = self.serving.try_lock() else {
             return Ok(0);
         };
         let mut n = 0;
+        if !early.is_empty() {
+            for (from, msg) in std::mem::take(&mut *early) {
+                n += self.answer_or_keep(from, msg, &mut early)?;
+            }
+        }
         while n < SERVE_BATCH {
             let Some((msg, st)) = raw::improbe(self.comm.0, TAG_REQUEST)? else {
                 break;
@@ -267,13 +277,30 @@ impl Server {
             let mut buf = vec![0u8; count.max(1)];
             raw::mrecv(msg, &mut buf, count as c_int)?;
             buf.truncate(count);
-            self.answer(st.MPI_SOURCE, &buf)?;
-            n += 1;
+            n += self.answer_or_keep(st.MPI_SOURCE, buf, &mut early)?;
         }
         if n > 0 {
             self.served.fetch_add(n as u64, Ordering::Relaxed);
         }
         Ok(n)
+    }
+
+    /// Answers `msg` from `from` (returns 1), or keeps it in `early` if its
+    /// window is still being created here (returns 0).
+    fn answer_or_keep(
+        &self,
+        from: c_int,
+        msg: Vec<u8>,
+        early: &mut Vec<(c_int, Vec<u8>)>,
+    ) -> Result<usize> {
+        if let Some(h) = Header::decode(&msg)
+            && self.windows.is_unborn(h.at.window().0)
+        {
+            early.push((from, msg));
+            return Ok(0);
+        }
+        self.answer(from, &msg)?;
+        Ok(1)
     }
 
     /// Performs one request from `from` and sends the reply (empty if it

@@ -122,6 +122,12 @@ impl WindowTable {
         Ok((s.base() + p.offset() as usize) as *mut u8)
     }
 
+    /// Whether window `id` was never made live in this process (see
+    /// `WindowSlots::is_unborn`).
+    pub(crate) fn is_unborn(&self, id: u32) -> bool {
+        self.slots.is_unborn(id)
+    }
+
     /// Runs `f` on every live window.
     pub(crate) fn for_each_live(
         &self,
