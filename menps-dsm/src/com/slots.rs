@@ -115,6 +115,7 @@ impl<X> WindowSlots<X> {
     /// Whether window `id` (below [`MAX_WINDOWS`]) was never made live here:
     /// a window another process may have created already while this one is
     /// still creating it.
+    #[cfg(feature = "mpi")]
     pub(crate) fn is_unborn(&self, id: u32) -> bool {
         self.slots
             .get(id as usize)
