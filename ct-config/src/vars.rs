@@ -145,6 +145,14 @@ pub const MENPS_COLL_CHUNK_BYTES: Var = var(
     "menps-dsm",
     "shm collective scratch per process",
 );
+/// The shm communication barrier's algorithm.
+pub const MENPS_SHM_BARRIER: Var = var(
+    "MENPS_SHM_BARRIER",
+    Kind::Choice(&["central", "dissemination", "auto"]),
+    "auto",
+    "menps-dsm",
+    "shm barrier: one shared counter, or log2(N) rounds of pairwise signals",
+);
 /// The `mpirun` command of the mpi backend.
 pub const MENPS_MPIRUN: Var = var(
     "MENPS_MPIRUN",
@@ -485,6 +493,7 @@ pub const ALL: &[Var] = &[
     MENPS_WATCHDOG_FAIL,
     MENPS_RING_BYTES,
     MENPS_COLL_CHUNK_BYTES,
+    MENPS_SHM_BARRIER,
     MENPS_MPIRUN,
     MENPS_GOMP_LIB,
     MENPS_DSM_WRITER,

@@ -42,6 +42,11 @@ fn job_entry() {
         }
         "ult_bell" => scenario_ult_bell(join::<Ult>()),
         "bell_ends" => scenario_bell_ends(join::<Ult>()),
+        "barrier_algorithm" => {
+            let com = join::<OsThreads>();
+            println!("rank {}: barrier {}", com.rank(), com.barrier_algorithm());
+            common::scenario_coll(&com);
+        }
         _ if name.starts_with(ON_ULT) => {
             // The scenario in a user-level thread of a one-worker runtime:
             // its waits park, and the doorbell's watcher wakes them.
@@ -585,6 +590,44 @@ fn run_shared(scenario: &str, n: usize, line: &str) {
 }
 
 backend_scenario_tests!(run_shared);
+
+/// The collectives (barriers checked to hold every rank back) under each
+/// barrier algorithm `MENPS_SHM_BARRIER` names, on a power of two and on
+/// sizes that are not, all more processes than CI's two processors.
+#[test]
+fn collectives_under_either_barrier_algorithm() {
+    for algo in ["central", "dissemination"] {
+        for n in [3, 4, 5] {
+            let run = job_with(
+                "barrier_algorithm",
+                n,
+                &[("MENPS_SHM_BARRIER", algo)],
+                |_, _| true,
+            );
+            assert_ok(&run, n, "coll ok");
+            assert_ranks_said(&run, &run.stdout, 0..n, |r| {
+                format!("rank {r}: barrier {algo}")
+            });
+        }
+    }
+}
+
+#[test]
+fn an_unknown_barrier_algorithm_is_refused() {
+    let run = job_with(
+        "barrier_algorithm",
+        2,
+        &[("MENPS_SHM_BARRIER", "tree")],
+        |_, _| true,
+    );
+    assert!(!run.status.success(), "{}", run.dump());
+    assert!(
+        run.stderr.contains("MENPS_SHM_BARRIER") && run.stderr.contains("tree"),
+        "{}",
+        run.dump()
+    );
+    assert!(!run.stdout.contains("coll ok"), "{}", run.dump());
+}
 
 #[test]
 fn kill9_is_detected_by_every_other_process() {

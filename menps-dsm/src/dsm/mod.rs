@@ -464,8 +464,9 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         process::unregister();
         // The last DSM barrier, then one of the communication layer: after
         // its own barrier a process still reads the others' signatures, so
-        // none may leave before every process has (with a dissemination
-        // barrier one can finish its rounds well before another).
+        // none may leave before every process has (a barrier's last
+        // arriver, or with a dissemination barrier one that finished its
+        // rounds, can leave well before another is woken).
         let r = self
             .space
             .barrier()

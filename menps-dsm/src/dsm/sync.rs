@@ -37,7 +37,7 @@ use super::error::{DsmError, DsmResult};
 use super::layout::MAX_SEGMENTS;
 use super::qlock::{self, Granted, LockSite};
 use super::signature::{HEADER_BYTES, Signature, WriteNotice};
-use super::space::{AtomicOp, DSM_TAG_BIT, Space, Timed};
+use super::space::{AtomicOp, DSM_TAG_BIT, Space};
 
 /// Sync slots for atomics.
 pub(crate) const ATOMIC_SLOTS: usize = 64;
@@ -188,7 +188,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         stats
             .barriers
             .fetch_add(1, core::sync::atomic::Ordering::Relaxed);
-        let _t = Timed::new(&stats.barrier_ns);
+        let _t = stats.timed(&stats.barrier_ns);
         self.release_fence()?;
         let cap = self.cfg.effective_wn_list_len();
         let mut mine = core::mem::replace(&mut *self.rel_sig.lock(), Signature::new(cap));
@@ -206,7 +206,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             record[..HEADER_BYTES].copy_from_slice(&bytes[..HEADER_BYTES]);
         }
         let records = {
-            let _w = Timed::new(&stats.barrier_wait_ns);
+            let _w = stats.timed(&stats.barrier_wait_ns);
             self.com.allgather(&record)?
         };
         let mut min = 0;
@@ -214,7 +214,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             if q == self.rank {
                 continue;
             }
-            let (_, n) = Signature::parse_header(rec);
+            let (rec_min, n) = Signature::parse_header(rec);
+            if n == 0 {
+                // Nothing to invalidate but what the minimum write
+                // timestamp makes stale, which the final acquire below
+                // (the largest minimum) covers.
+                min = min.max(rec_min);
+                continue;
+            }
             let inline = n <= BARRIER_INLINE_NOTICES;
             let mut sig = if inline {
                 Signature::from_bytes(rec, cap).ok_or_else(|| {

@@ -78,6 +78,7 @@
 //! | `MENPS_WATCHDOG_FAIL` | `1`: such a wait fails with `Error::Stalled` instead of going on | `0` |
 //! | `MENPS_RING_BYTES` | p2p ring per ordered pair of processes (power of two ≥ 128 KiB) | `131072` |
 //! | `MENPS_COLL_CHUNK_BYTES` | collective scratch per process and step | `65536` |
+//! | `MENPS_SHM_BARRIER` | the shm barrier: `central` (one shared counter: each process signals and waits once, best when processes outnumber processors), `dissemination` (log2 N rounds of pairwise signals, best for many processes on as many processors) or `auto` (central up to 8 processes or when oversubscribed); read by the launcher, so every process uses the same | `auto` |
 //! | `MENPS_NET_LATENCY`, `MENPS_NET_BANDWIDTH` | a process joining as [`AnyCom`](crate::com::AnyCom) runs its backend inside the network model ([`crate::com::netmodel`]) of this one-way latency (`25us`) and link rate (`10Gbit`) | none |
 //! | `MENPS_MPIRUN` | `mpirun` command of `--backend mpi` | `mpirun` |
 //! | `OMPI_MCA_osc` | (mpi) OpenMPI's one-sided component; values selecting `rdma` or `pt2pt` are refused | set to `sm,ucx` when unset |

@@ -46,8 +46,8 @@ through the DSM. `menps cc` runs `gcc -fopenmp` (CC) linked against
 libmenps_gomp.so instead of libgomp.
 
 environment: MENPS_NPROCS, MENPS_BACKEND, MENPS_PREFIX_OUTPUT, MENPS_GRACE_MS, MENPS_GOMP_LIB,
-MENPS_TIMEOUT_SECS, MENPS_RING_BYTES, MENPS_COLL_CHUNK_BYTES (options win over
-the environment). Each process gets MENPS_RANK, MENPS_SIZE, MENPS_BACKEND,
+MENPS_TIMEOUT_SECS, MENPS_RING_BYTES, MENPS_COLL_CHUNK_BYTES, MENPS_SHM_BARRIER
+(options win over the environment). Each process gets MENPS_RANK, MENPS_SIZE, MENPS_BACKEND,
 MENPS_CONTROL_FD, MENPS_PEER_FDS and MENPS_LAUNCHER_PID.";
 
 fn fail(msg: &str) -> ExitCode {

@@ -1,15 +1,25 @@
 //! Collectives on shm.
 //!
-//! **Barrier**: a dissemination barrier. In round `k` (of `ceil(log2 N)`)
-//! process `r` stores the barrier's number in an arrival word of process
-//! `r + 2^k` (mod N), rings its doorbell, and waits for its own round-`k`
-//! word to reach the number, written by process `r - 2^k`. Every process
-//! waits for one peer at a time and nobody waits on a word everybody
-//! writes; a waiter gives its processor up at once when the job has more
-//! processes than the machine has processors (see `ShmCom::wait_until`),
-//! so the peer it waits for — often queued on the same processor — runs.
-//! A peer may already signal round `k` of the next barrier before we saw
-//! this one's, so arrival words are compared as "at least".
+//! **Barrier**: one of two algorithms, the same in every process of a job
+//! (the launcher chooses it, [`BarrierKind`], and records it in the control
+//! memory). A waiter gives its processor up at once when the job has more
+//! processes than the machine has processors (see `ShmCom::wait_until`), so
+//! the peer it waits for — often queued on the same processor — runs.
+//!
+//! - *Central*: every process adds one to a shared arrival counter; the one
+//!   that completes the barrier (counter at `epoch × N`) publishes the
+//!   barrier's number in a release word and rings the others' doorbells;
+//!   the others wait for the release word. Each process signals once and
+//!   waits once. On an oversubscribed machine this is what counts: every
+//!   wait a process leaves unsatisfied costs a context switch, and
+//!   dissemination has `log2 N` waits per process.
+//! - *Dissemination*: in round `k` (of `ceil(log2 N)`) process `r` stores
+//!   the barrier's number in an arrival word of process `r + 2^k` (mod N),
+//!   rings its doorbell, and waits for its own round-`k` word to reach the
+//!   number, written by process `r - 2^k`. Nobody waits on a word everybody
+//!   writes, so it scales to many processes on as many processors. A peer
+//!   may already signal round `k` of the next barrier before we saw this
+//!   one's, so arrival words are compared as "at least".
 //!
 //! **Broadcast / allgather**: every process owns one scratch slot per
 //! *parity* (two buffers). Step `k` of a collective (one chunk of at most
@@ -22,13 +32,68 @@
 //! length, root or operation) is detected by all processes at the same step.
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use ct_worker::UltItf;
 
 use super::ShmCom;
 use crate::com::wait::Watch;
 use crate::com::{Coll, Error, Result, check};
+
+/// The shm barrier's algorithm (`MENPS_SHM_BARRIER`; see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum BarrierKind {
+    /// One shared arrival counter and release word.
+    Central = 1,
+    /// `ceil(log2 N)` rounds of pairwise signals.
+    Dissemination = 2,
+}
+
+/// Up to this many processes, `auto` picks the central barrier even when
+/// each has a processor of its own: a handful of atomic additions on one
+/// cache line cost no more than `log2 N` rounds of signals.
+const CENTRAL_MAX_PROCS: usize = 8;
+
+impl BarrierKind {
+    /// The algorithm for a job of `nprocs` processes: `MENPS_SHM_BARRIER`,
+    /// or by default (`auto`) central when the job has more processes than
+    /// the machine has processors or at most [`CENTRAL_MAX_PROCS`], else
+    /// dissemination.
+    pub(crate) fn configured(nprocs: usize) -> Result<BarrierKind> {
+        let var = &ct_config::vars::MENPS_SHM_BARRIER;
+        let chosen = var
+            .choice()
+            .map_err(|e| Error::BadConfig(e.to_string()))?
+            .unwrap_or("auto");
+        Ok(match chosen {
+            "central" => BarrierKind::Central,
+            "dissemination" => BarrierKind::Dissemination,
+            _ => {
+                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                Self::auto(nprocs, cpus)
+            }
+        })
+    }
+
+    /// `auto`'s choice for `nprocs` processes on `cpus` processors.
+    fn auto(nprocs: usize, cpus: usize) -> BarrierKind {
+        if nprocs > cpus || nprocs <= CENTRAL_MAX_PROCS {
+            BarrierKind::Central
+        } else {
+            BarrierKind::Dissemination
+        }
+    }
+
+    /// The kind a control-memory word names, if any.
+    pub(crate) fn from_word(w: u32) -> Option<BarrierKind> {
+        match w {
+            1 => Some(BarrierKind::Central),
+            2 => Some(BarrierKind::Dissemination),
+            _ => None,
+        }
+    }
+}
 
 const OP_BROADCAST: u64 = 1;
 const OP_ALLGATHER: u64 = 2;
@@ -73,6 +138,50 @@ impl<U: UltItf> ShmCom<U> {
         self.check_alive()?;
         let epoch = st.barriers.wrapping_add(1);
         st.barriers = epoch;
+        match self.barrier_kind {
+            BarrierKind::Central => self.central_barrier(epoch)?,
+            BarrierKind::Dissemination => self.dissemination_barrier(epoch)?,
+        }
+        self.control
+            .slot(self.rank)
+            .passed
+            .store(epoch, Ordering::Release);
+        Ok(())
+    }
+
+    /// Waits until `word` holds barrier number `epoch` or a later one
+    /// (wrapping: a peer may be a barrier ahead).
+    fn wait_for_epoch(&self, word: &AtomicU32, epoch: u32) -> Result<()> {
+        let what = || "a barrier or collective".to_string();
+        // A peer that left after passing this barrier sent all its signals:
+        // only one that left before is an error.
+        self.wait_until(Watch::AllOthers(Some(epoch)), Some(&what), || {
+            let seen = word.load(Ordering::Acquire);
+            Ok(((seen.wrapping_sub(epoch) as i32) >= 0).then_some(()))
+        })
+    }
+
+    /// Barrier number `epoch`, central (see the module docs).
+    fn central_barrier(&self, epoch: u32) -> Result<()> {
+        let n = self.size as u64;
+        let (arrivals, release) = self.control.barrier_words();
+        // Every process adds one per barrier and cannot add for the next
+        // before this one is released, so the counter reaches a multiple of
+        // N exactly when the last process of a barrier arrives.
+        let before = arrivals.fetch_add(1, Ordering::AcqRel);
+        if (before + 1) % n == 0 {
+            release.store(epoch, Ordering::Release);
+            for r in (0..self.size).filter(|&r| r != self.rank) {
+                self.control.notify(r);
+            }
+            Ok(())
+        } else {
+            self.wait_for_epoch(release, epoch)
+        }
+    }
+
+    /// Barrier number `epoch`, by dissemination (see the module docs).
+    fn dissemination_barrier(&self, epoch: u32) -> Result<()> {
         let n = self.size;
         let mine = &self.control.slot(self.rank).arrivals;
         let mut dist = 1;
@@ -81,22 +190,10 @@ impl<U: UltItf> ShmCom<U> {
             let to = (self.rank + dist) % n;
             self.control.slot(to).arrivals[round].store(epoch, Ordering::Release);
             self.control.notify(to);
-            let word = &mine[round];
-            let what = || "a barrier or collective".to_string();
-            // A peer that left after passing this barrier sent all its
-            // signals: only one that left before is an error.
-            self.wait_until(Watch::AllOthers(Some(epoch)), Some(&what), || {
-                // At least `epoch` (wrapping): the peer may be a barrier ahead.
-                let seen = word.load(Ordering::Acquire);
-                Ok(((seen.wrapping_sub(epoch) as i32) >= 0).then_some(()))
-            })?;
+            self.wait_for_epoch(&mine[round], epoch)?;
             dist *= 2;
             round += 1;
         }
-        self.control
-            .slot(self.rank)
-            .passed
-            .store(epoch, Ordering::Release);
         Ok(())
     }
 
@@ -216,5 +313,29 @@ impl<U: UltItf> Coll for ShmCom<U> {
     fn allgather_into(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
         let mut st = self.coll.lock();
         self.allgather_into_locked(&mut st, src, dst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_picks_central_when_oversubscribed_or_small() {
+        assert_eq!(BarrierKind::auto(2, 2), BarrierKind::Central);
+        assert_eq!(BarrierKind::auto(4, 2), BarrierKind::Central);
+        assert_eq!(BarrierKind::auto(8, 64), BarrierKind::Central);
+        assert_eq!(BarrierKind::auto(64, 32), BarrierKind::Central);
+        assert_eq!(BarrierKind::auto(9, 64), BarrierKind::Dissemination);
+        assert_eq!(BarrierKind::auto(64, 64), BarrierKind::Dissemination);
+    }
+
+    #[test]
+    fn control_words_name_the_kinds() {
+        for k in [BarrierKind::Central, BarrierKind::Dissemination] {
+            assert_eq!(BarrierKind::from_word(k as u32), Some(k));
+        }
+        assert_eq!(BarrierKind::from_word(0), None);
+        assert_eq!(BarrierKind::from_word(3), None);
     }
 }

@@ -9,8 +9,9 @@
 //!   processes in the control memory (module `control`); the receiver drains its
 //!   rings into per-(sender, tag) queues, which gives tag matching and FIFO
 //!   order per (sender, receiver, tag).
-//! - **Collectives**: a dissemination barrier and double-buffered
-//!   scratch slots (one barrier per chunk).
+//! - **Collectives**: a central or a dissemination barrier
+//!   (`MENPS_SHM_BARRIER`) and double-buffered scratch slots (one barrier
+//!   per chunk).
 //! - **Waiting** polls with short pauses for about 5 µs, then yields (the user-level thread with
 //!   `U::yield_now`, and the OS thread), then sleeps on the process's futex
 //!   doorbell with a 1 ms timeout, yielding between sleeps — so four
@@ -64,6 +65,8 @@ pub struct ShmCom<U: UltItf = Ult> {
     /// Polls, then yields, before a wait sleeps (see `wait::rounds`).
     spin_rounds: u32,
     yield_rounds: u32,
+    /// The job's barrier algorithm (from the control memory).
+    barrier_kind: coll::BarrierKind,
     /// Where user-level threads park instead of sleeping on the doorbell;
     /// stopped in `drop`, before the control memory is unmapped.
     bell: bell::Bell<U>,
@@ -105,6 +108,7 @@ impl<U: UltItf> ShmCom<U> {
             size,
             spin_rounds,
             yield_rounds,
+            barrier_kind: control.barrier_kind(),
             windows: window::WindowTable::new(),
             p2p: p2p::P2pState::new(size),
             coll: ct_sync::Mutex::new_in(coll::CollState::new(peers)),
@@ -121,6 +125,15 @@ impl<U: UltItf> ShmCom<U> {
         let (control, _fd) =
             Control::create(1, control::DEFAULT_RING_BYTES, control::DEFAULT_CHUNK_BYTES)?;
         Ok(Self::from_parts(0, 1, control, vec![None]))
+    }
+
+    /// The barrier algorithm of the job: `"central"` or `"dissemination"`
+    /// (`MENPS_SHM_BARRIER`, chosen by the launcher).
+    pub fn barrier_algorithm(&self) -> &'static str {
+        match self.barrier_kind {
+            coll::BarrierKind::Central => "central",
+            coll::BarrierKind::Dissemination => "dissemination",
+        }
     }
 
     /// The rank that died first, if a process of the job has died.

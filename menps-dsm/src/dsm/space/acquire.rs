@@ -12,7 +12,7 @@ use super::super::config::InvalidationPolicy;
 use super::super::error::DsmResult;
 use super::super::segment::{BlockMeta, BlockState, Segment};
 use super::super::signature::{Signature, WriteNotice};
-use super::{PARALLEL_RELEASE_MIN as PARALLEL_MIN, Space, Timed, TxKind, bump, parallel_min};
+use super::{PARALLEL_RELEASE_MIN as PARALLEL_MIN, Space, TxKind, bump, parallel_min};
 
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     // ---------------------------------------------------------------
@@ -49,7 +49,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     }
 
     pub(crate) fn acquire_inner(&self, sig: &mut Signature) -> DsmResult<()> {
-        let _t = Timed::new(&self.stats.acquire_ns);
+        let _t = self.stats.timed(&self.stats.acquire_ns);
         if self.cfg.invalidation == InvalidationPolicy::Directory {
             return self.drain_invalidations();
         }

@@ -95,9 +95,15 @@ enum TxKind {
     Atomic(usize, AtomicOp),
 }
 
-/// Counters of protocol events in this process.
+/// Counters of protocol events in this process. The times (`*_ns`) are
+/// measured only when the DSM prints its counters at the end
+/// ([`DsmConfig::print_stats`](crate::dsm::DsmConfig), `MENPS_STATS`), and
+/// stay 0 otherwise: a clock read costs tens of nanoseconds on a virtual
+/// machine, and a barrier takes about ten.
 #[derive(Debug, Default)]
 pub struct Stats {
+    /// Whether the times are measured.
+    timing: bool,
     /// Read faults resolved.
     pub read_faults: AtomicUsize,
     /// Write faults resolved.
@@ -163,6 +169,8 @@ pub struct StatsSnapshot {
     /// Flushes.
     pub flushes: usize,
     /// Nanoseconds spent resolving faults (by every thread of the process).
+    /// This and the other times are measured only when the DSM prints its
+    /// counters (`MENPS_STATS`); they are 0 otherwise.
     pub fault_ns: u64,
     /// Nanoseconds spent in release fences (also those inside barriers).
     pub release_ns: u64,
@@ -209,6 +217,23 @@ impl core::fmt::Display for StatsSnapshot {
 }
 
 impl Stats {
+    /// Counters at zero; times measured if `timing`.
+    fn new(timing: bool) -> Self {
+        Stats {
+            timing,
+            ..Stats::default()
+        }
+    }
+
+    /// Adds the time from now to the guard's drop to `into` (one of our
+    /// `*_ns` counters), if times are measured.
+    pub(crate) fn timed<'a>(&self, into: &'a AtomicU64) -> Timed<'a> {
+        Timed {
+            start: self.timing.then(std::time::Instant::now),
+            into,
+        }
+    }
+
     fn snapshot(&self) -> StatsSnapshot {
         let l = |a: &AtomicUsize| a.load(Ordering::Relaxed);
         let t = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -234,26 +259,19 @@ impl Stats {
     }
 }
 
-/// Measures the time from its creation to its drop into a counter of
-/// nanoseconds.
+/// Measures the time from its creation ([`Stats::timed`]) to its drop into
+/// a counter of nanoseconds (nothing if times are not measured).
 pub(crate) struct Timed<'a> {
-    start: std::time::Instant,
+    start: Option<std::time::Instant>,
     into: &'a AtomicU64,
-}
-
-impl<'a> Timed<'a> {
-    pub(crate) fn new(into: &'a AtomicU64) -> Self {
-        Timed {
-            start: std::time::Instant::now(),
-            into,
-        }
-    }
 }
 
 impl Drop for Timed<'_> {
     fn drop(&mut self) {
-        let ns = self.start.elapsed().as_nanos() as u64;
-        self.into.fetch_add(ns, Ordering::Relaxed);
+        if let Some(start) = self.start {
+            let ns = start.elapsed().as_nanos() as u64;
+            self.into.fetch_add(ns, Ordering::Relaxed);
+        }
     }
 }
 
@@ -369,7 +387,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             inval_win,
             inval_head: Mutex::new_in(0),
             stack_live: std::sync::OnceLock::new(),
-            stats: Stats::default(),
+            stats: Stats::new(cfg.print_stats),
             com,
             cfg,
         })
@@ -635,7 +653,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Resolves an access to `addr`.
     pub fn resolve(&self, addr: usize, write: bool) -> DsmResult<()> {
         let _rt = self.enter()?;
-        let _t = Timed::new(&self.stats.fault_ns);
+        let _t = self.stats.timed(&self.stats.fault_ns);
         let (seg, idx) = self.locate(addr).ok_or_else(|| {
             DsmError::InvalidArgument(format!("{addr:#x} is not in a DSM segment"))
         })?;

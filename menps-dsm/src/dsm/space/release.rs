@@ -9,7 +9,7 @@ use crate::com::Communicator;
 
 use super::super::error::DsmResult;
 use super::super::segment::Segment;
-use super::{PARALLEL_RELEASE_MIN, Space, Timed, TxKind, parallel_min};
+use super::{PARALLEL_RELEASE_MIN, Space, TxKind, parallel_min};
 
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Releases block `idx` if it is in the write set; returns whether it
@@ -38,7 +38,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     pub fn release_fence(&self) -> DsmResult<()> {
         let _rt = self.enter()?;
         let _serial = self.release_lock.lock();
-        let _t = Timed::new(&self.stats.release_ns);
+        let _t = self.stats.timed(&self.stats.release_ns);
         self.count_release();
         // Local stores are visible before lock words are read (fast release).
         fence(Ordering::SeqCst);

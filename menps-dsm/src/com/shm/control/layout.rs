@@ -9,7 +9,7 @@ use crate::com::{Error, MAX_MESSAGE_BYTES, Result};
 use crate::sys::{self, round_up};
 
 pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"MENPSCT1");
-pub(super) const VERSION: u32 = 3;
+pub(super) const VERSION: u32 = 4;
 
 /// Largest supported process count.
 pub const MAX_PROCS: usize = 256;
@@ -46,6 +46,15 @@ pub(super) struct Header {
     /// ([`Control::claim_report`](super::Control::claim_report)); 0: none yet.
     pub(super) reported: AtomicU64,
     pub(super) failed: Line<AtomicU64>,
+    /// The barrier algorithm of the job (`BarrierKind as u32`), chosen by
+    /// the launcher so that every process uses the same.
+    pub(super) barrier_kind: AtomicU32,
+    /// Central barrier: arrivals so far, over all barriers (each process
+    /// adds one per barrier, so barrier `e` is complete at `e × N`).
+    pub(super) barrier_arrivals: Line<AtomicU64>,
+    /// Central barrier: the number of the latest barrier every process
+    /// reached (written by its last arriver).
+    pub(super) barrier_release: Line<AtomicU32>,
 }
 
 /// Per-process slot.
@@ -68,7 +77,7 @@ pub(crate) struct RankSlot {
     /// ([`Control::claim_report`](super::Control::claim_report)): a launcher
     /// the program started itself then adds nothing when it ends.
     pub reported: AtomicU32,
-    /// Dissemination barrier: word `k` holds the number of the latest
+    /// Dissemination barrier (`BarrierKind::Dissemination`): word `k` holds the number of the latest
     /// barrier whose round `k` signal reached this process (written by the
     /// peer `2^k` ranks below it).
     pub arrivals: [AtomicU32; BARRIER_ROUNDS],

@@ -3,9 +3,10 @@
 //! process slots, p2p rings, collective scratch slots).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::layout::{Header, Layout, MAGIC, RankSlot, RingHdr, ScratchHdr, VERSION};
+use crate::com::shm::coll::BarrierKind;
 use crate::com::{Error, Result};
 use crate::sys::{self, Mapping};
 
@@ -32,6 +33,7 @@ impl Control {
         chunk_bytes: usize,
     ) -> Result<(Control, OwnedFd)> {
         let layout = Layout::new(nprocs, ring_bytes, chunk_bytes)?;
+        let barrier = BarrierKind::configured(nprocs)?;
         let fd = sys::memfd(c"menps-control", layout.total)?;
         let map = Mapping::shared(fd.as_fd(), layout.total)?;
         let c = Control { map, layout };
@@ -41,6 +43,7 @@ impl Control {
         h.ring_bytes.store(ring_bytes as u64, Ordering::Relaxed);
         h.chunk_bytes.store(chunk_bytes as u64, Ordering::Relaxed);
         h.total_bytes.store(layout.total as u64, Ordering::Relaxed);
+        h.barrier_kind.store(barrier as u32, Ordering::Relaxed);
         h.magic.store(MAGIC, Ordering::Release);
         Ok((c, fd))
     }
@@ -90,6 +93,9 @@ impl Control {
         if layout.total != len || h.total_bytes.load(Ordering::Relaxed) as usize != len {
             return Err(bad("size does not match its header"));
         }
+        if BarrierKind::from_word(h.barrier_kind.load(Ordering::Relaxed)).is_none() {
+            return Err(bad("unknown barrier algorithm"));
+        }
         let map = if slots_only {
             // Header and rank slots: the first pages.
             Mapping::shared(fd, layout.rings_off)?
@@ -126,6 +132,18 @@ impl Control {
     }
 
     /// 0 while every process is alive; otherwise 1 + the rank that died first.
+    /// The job's barrier algorithm (checked by `attach`).
+    pub fn barrier_kind(&self) -> BarrierKind {
+        BarrierKind::from_word(self.header().barrier_kind.load(Ordering::Relaxed))
+            .unwrap_or(BarrierKind::Dissemination)
+    }
+
+    /// The central barrier's arrival counter and release word.
+    pub fn barrier_words(&self) -> (&AtomicU64, &AtomicU32) {
+        let h = self.header();
+        (&h.barrier_arrivals.0, &h.barrier_release.0)
+    }
+
     pub fn failed_word(&self) -> &AtomicU64 {
         &self.header().failed.0
     }

@@ -5,7 +5,9 @@
 //! and zero is a valid value of every atomic in it):
 //!
 //! ```text
-//! header      magic, version, nprocs, sizes; `failed` (0, or 1 + first dead rank)
+//! header      magic, version, nprocs, sizes; `failed` (0, or 1 + first dead rank);
+//!             the barrier algorithm, the central barrier's counter and
+//!             release word
 //! ranks[N]    per process: state (running / exited / died), pid,
 //!             doorbell (futex word) and sleeper count, the dissemination
 //!             barrier's arrival words
