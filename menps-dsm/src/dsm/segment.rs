@@ -250,9 +250,10 @@ pub(crate) struct Segment<U: UltItf> {
 /// Sequential-miss detection for prefetching, per segment: a read miss at
 /// the block right after the last fetched run (or one further: the block
 /// between may have been readable, a fixed home's own block) continues the
-/// run, and doubles the prefetch window up to its cap; any other miss
-/// resets it. (Relaxed atomics: a hint — concurrent misses at worst reset
-/// the run.)
+/// run; the first continuation fetches [`PREFETCH_FIRST_BYTES`] ahead (at
+/// least one block), every further one doubles the window, up to its cap;
+/// any other miss resets it. (Relaxed atomics: a hint — concurrent misses
+/// at worst reset the run.)
 #[derive(Debug, Default)]
 pub(crate) struct SeqDetector {
     /// Index + 1 of the block after the last run fetched (0: none yet).
@@ -261,14 +262,22 @@ pub(crate) struct SeqDetector {
     window: AtomicUsize,
 }
 
+/// What the first sequential miss of a run fetches ahead of itself, in
+/// bytes (rounded down to whole blocks, at least one): a run of small
+/// blocks reaches a large window in fewer misses — each costs a fault and a
+/// round trip — while a pair of neighbouring misses that is no run costs at
+/// most this much extra transfer.
+pub(crate) const PREFETCH_FIRST_BYTES: usize = 32 * 1024;
+
 impl SeqDetector {
     /// A read miss at block `idx`: how many blocks after it to fetch, at
-    /// most `cap` (and at most `room`, the blocks left in the segment).
-    pub fn on_miss(&self, idx: usize, cap: usize, room: usize) -> usize {
+    /// least `first` when it continues a run, at most `cap` (and at most
+    /// `room`, the blocks left in the segment).
+    pub fn on_miss(&self, idx: usize, first: usize, cap: usize, room: usize) -> usize {
         let next = self.next.load(Ordering::Relaxed);
         let sequential = next != 0 && (next..=next + 1).contains(&(idx + 1));
         let w = if sequential {
-            (self.window.load(Ordering::Relaxed) * 2).clamp(1, cap.max(1))
+            (self.window.load(Ordering::Relaxed) * 2).max(first.max(1))
         } else {
             0
         };
@@ -498,5 +507,43 @@ impl<U: UltItf> Drop for Segment<U> {
                 drop(unsafe { Box::from_raw(core::ptr::slice_from_raw_parts_mut(p, CHUNK)) });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SeqDetector;
+
+    #[test]
+    fn a_run_starts_at_the_first_window_and_doubles_to_the_cap() {
+        let s = SeqDetector::default();
+        // A first miss fetches nothing ahead; the next block continues the
+        // run with the first window, then each continuation doubles it.
+        assert_eq!(s.on_miss(0, 8, 64, 1000), 0);
+        assert_eq!(s.on_miss(1, 8, 64, 1000), 8);
+        assert_eq!(s.on_miss(10, 8, 64, 1000), 16);
+        assert_eq!(s.on_miss(27, 8, 64, 1000), 32);
+        assert_eq!(s.on_miss(60, 8, 64, 1000), 64);
+        assert_eq!(s.on_miss(125, 8, 64, 1000), 64);
+        // Limited by the blocks left in the segment.
+        assert_eq!(s.on_miss(190, 8, 64, 5), 5);
+        // A miss elsewhere resets the run.
+        assert_eq!(s.on_miss(500, 8, 64, 1000), 0);
+        assert_eq!(s.on_miss(501, 8, 64, 1000), 8);
+    }
+
+    #[test]
+    fn large_blocks_start_at_one_and_the_cap_wins_over_the_first_window() {
+        let s = SeqDetector::default();
+        assert_eq!(s.on_miss(0, 0, 8, 100), 0);
+        assert_eq!(s.on_miss(1, 0, 8, 100), 1);
+        assert_eq!(s.on_miss(3, 0, 8, 100), 2);
+        let t = SeqDetector::default();
+        assert_eq!(t.on_miss(0, 8, 4, 100), 0);
+        assert_eq!(t.on_miss(1, 8, 4, 100), 4);
+        // Prefetch off (cap 0): never anything ahead.
+        let u = SeqDetector::default();
+        assert_eq!(u.on_miss(0, 8, 0, 100), 0);
+        assert_eq!(u.on_miss(1, 8, 0, 100), 0);
     }
 }

@@ -22,7 +22,7 @@ use super::error::{DsmError, DsmResult, RaceReport};
 use super::layout::{self, MAX_SEGMENTS};
 use super::memory::map::{self, AddressMap, Region, RegionKind, Request};
 use super::qlock::LockSite;
-use super::segment::{BlockMeta, BlockState, Segment};
+use super::segment::{BlockMeta, BlockState, PREFETCH_FIRST_BYTES, Segment};
 use super::signature::Signature;
 use super::sync::SyncState;
 
@@ -677,7 +677,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         self.guard(r)?;
         let cap = self.prefetch_cap(seg);
         if cap > 0 {
-            let ahead = seg.seq.on_miss(idx, cap, seg.nblocks - idx - 1);
+            let first = PREFETCH_FIRST_BYTES / seg.block_size;
+            let ahead = seg.seq.on_miss(idx, first, cap, seg.nblocks - idx - 1);
             if ahead > 0 {
                 let r = self.prefetch(seg, idx, ahead);
                 self.guard(r)?;
