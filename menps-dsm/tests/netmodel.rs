@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use ct_worker::OsThreads;
-use menps_dsm::com::{AnyCom, Coll, Comm, NetModel, P2p, Rma, Source, Windows};
+use menps_dsm::com::{AnyCom, CasOp, Coll, Comm, NetModel, P2p, Rma, Source, Windows};
 
 mod common;
 use common::*;
@@ -105,6 +105,32 @@ fn scenario_latency(com: &AnyCom<OsThreads>) {
     assert!(d.delay_ns >= 13_000_000, "{d}");
     // (Not an upper bound on the time: only the count of its delay.)
     let _ = local;
+
+    // A batch is in flight together: the model delays it by one round trip
+    // (not one per operation: four would be 16 ms), and counts each.
+    let before = com.traffic().unwrap();
+    let t = Instant::now();
+    let mut bufs = [[0u8; 8]; 4];
+    let mut reads: Vec<_> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| (w.at(next, 512 + 8 * i as u64), &mut b[..]))
+        .collect();
+    com.read_all(&mut reads).unwrap();
+    let mut ops: Vec<CasOp> = (0..4)
+        .map(|i| CasOp::new(w.at(next, 1024 + 64 * (me as u64 * 4 + i)), 0, 1))
+        .collect();
+    com.compare_and_swap_all(&mut ops).unwrap();
+    assert!(ops.iter().all(CasOp::swapped), "{ops:?}");
+    let took = t.elapsed();
+    assert!(took >= 2 * (2 * lat), "two batches took {took:?}");
+    let d = com.traffic().unwrap().since(&before);
+    assert_eq!((d.reads, d.atomics), (4, 4), "{d}");
+    assert!(
+        d.delay_ns <= 2 * 2 * 2_000_000 + 1_000_000,
+        "two batches of 4 were delayed {} ns: {d}",
+        d.delay_ns
+    );
     com.barrier().unwrap();
     com.destroy_window(w).unwrap();
 }

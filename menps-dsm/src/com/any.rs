@@ -28,8 +28,8 @@ use ct_worker::{Ult, UltItf};
 #[cfg(feature = "mpi")]
 use super::MpiCom;
 use super::{
-    Coll, Comm, LocalWindow, NetCom, P2p, RemotePtr, Request, Result, Rma, ShmCom, Source, Tag,
-    Traffic, WindowId, Windows,
+    CasOp, Coll, Comm, LocalWindow, NetCom, P2p, RemotePtr, Request, Result, Rma, ShmCom, Source,
+    Tag, Traffic, WindowId, Windows,
 };
 
 /// A communicator of any backend this build supports; see the
@@ -192,6 +192,12 @@ impl<U: UltItf> Rma for AnyCom<U> {
     #[inline]
     fn atomic_load(&self, target: RemotePtr) -> Result<u64> {
         dispatch!(self, c => c.atomic_load(target))
+    }
+    fn compare_and_swap_all(&self, ops: &mut [CasOp]) -> Result<()> {
+        dispatch!(self, c => c.compare_and_swap_all(ops))
+    }
+    fn read_all(&self, reads: &mut [(RemotePtr, &mut [u8])]) -> Result<()> {
+        dispatch!(self, c => c.read_all(reads))
     }
 }
 

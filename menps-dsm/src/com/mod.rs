@@ -27,6 +27,7 @@
 //! call everywhere returns [`Error::PeerDied`] naming it.
 
 pub mod any;
+pub mod batch;
 pub(crate) mod check;
 pub mod error;
 pub(crate) mod inbox;
@@ -49,6 +50,7 @@ pub(crate) mod wait;
 use std::sync::atomic::AtomicU64;
 
 pub use any::AnyCom;
+pub use batch::CasOp;
 pub use error::{Error, Result};
 #[cfg(feature = "mpi")]
 pub use mpi::MpiCom;
@@ -211,6 +213,21 @@ pub trait Rma: Comm {
     /// Atomic read of the aligned word at `target` (a fetch-and-add of 0).
     fn atomic_load(&self, target: RemotePtr) -> Result<u64> {
         self.fetch_add(target, 0)
+    }
+
+    /// Several compare-and-swaps, which the backend may have in flight
+    /// together (the served mpi backend: one round trip for all); returns
+    /// once every one has completed, with its `old` word set. Each is an
+    /// atomic of its own, in no particular order with the others. On an
+    /// error, the operations may have been performed or not.
+    fn compare_and_swap_all(&self, ops: &mut [CasOp]) -> Result<()> {
+        batch::cas_all_nb(self, ops)
+    }
+
+    /// Several reads (source, destination), which the backend may have in
+    /// flight together; returns once every destination is filled.
+    fn read_all(&self, reads: &mut [(RemotePtr, &mut [u8])]) -> Result<()> {
+        batch::read_all_nb(self, reads)
     }
 }
 

@@ -101,7 +101,7 @@ use ct_sync::Backoff;
 use ct_worker::{Ult, UltItf};
 
 use super::{
-    AnyCom, Coll, Comm, Completer, Error, LocalWindow, P2p, RemotePtr, Request, Result, Rma,
+    AnyCom, CasOp, Coll, Comm, Completer, Error, LocalWindow, P2p, RemotePtr, Request, Result, Rma,
     RmaRequest, Source, Tag, WindowId, Windows,
 };
 
@@ -758,6 +758,40 @@ impl<C: Rma<Request = Request<U>>, U: UltItf> Rma for NetCom<C, U> {
 
     fn atomic_load(&self, target: RemotePtr) -> Result<u64> {
         self.atomic(target, |c| c.atomic_load(target))
+    }
+
+    /// In flight together: each remote operation's model deadline from
+    /// now (the link serialises their bytes), the backend's batch, then
+    /// the latest deadline.
+    fn compare_and_swap_all(&self, ops: &mut [CasOp]) -> Result<()> {
+        let mut last = 0;
+        for op in ops.iter() {
+            if self.remote(op.target.rank()) {
+                last = last.max(self.atomic_deadline());
+                add(&self.counters.atomics, 1);
+            } else {
+                self.count_local();
+            }
+        }
+        self.inner.compare_and_swap_all(ops)?;
+        self.wait_until(last);
+        Ok(())
+    }
+
+    /// As [`Self::compare_and_swap_all`], for reads.
+    fn read_all(&self, reads: &mut [(RemotePtr, &mut [u8])]) -> Result<()> {
+        let mut last = 0;
+        for (src, dst) in reads.iter() {
+            if self.remote(src.rank()) {
+                last = last.max(self.read_deadline(dst.len()));
+                self.count_read(dst.len());
+            } else {
+                self.count_local();
+            }
+        }
+        self.inner.read_all(reads)?;
+        self.wait_until(last);
+        Ok(())
     }
 }
 

@@ -43,12 +43,14 @@
 //!   (`InvalidDirty`) and merges them at the next release.
 //! - **Sequential prefetch** (`MENPS_DSM_PREFETCH`, on by default): a read
 //!   miss that continues a run of misses in its segment also fetches the
-//!   invalid blocks after it — 32 KiB (at least a block) at the first
-//!   continuation, then a window that doubles along the run up to its cap,
-//!   reset by a miss elsewhere. Each is fetched by the read
+//!   invalid blocks after it — 256 KiB (at least a block, at most the cap)
+//!   at the first continuation, then a window that doubles along the run up
+//!   to its cap, reset by a miss elsewhere. Each is fetched by the read
 //!   transaction a miss would run (the latest version, its lease, a place
 //!   in the read set), so an acquire drops a prefetched copy like any
-//!   other; the run is then made readable with one `mprotect`.
+//!   other; their locks are tried all at once and the runs read together
+//!   (across hosts, a round trip for each step rather than for each
+//!   block), and the run is then made readable with one `mprotect`.
 //!
 //! # Using it
 //!

@@ -26,7 +26,7 @@
 //! to the words, the process's own included, are RMA atomics (as MPI
 //! requires for words that remote atomics target).
 
-use crate::com::{Communicator, RemotePtr, Source, Tag, WindowId};
+use crate::com::{CasOp, Communicator, RemotePtr, Source, Tag, WindowId};
 
 use super::error::{DsmError, DsmResult};
 
@@ -89,6 +89,10 @@ pub(crate) enum Granted {
     HandOff(usize, Vec<u8>),
 }
 
+/// How long a chase may find the chain leading back to its own process
+/// (see [`try_lock_all`]) before that is an error.
+const LOOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Takes the lock.
 pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Granted> {
     let me = com.rank();
@@ -123,13 +127,26 @@ pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Grant
         }
     };
     let mut backoff = ct_sync::Backoff::new();
+    // The process whose word linked to the one we try next, and since when
+    // the chain has led back to us.
+    let mut via: Option<usize> = None;
+    let mut looped: Option<std::time::Instant> = None;
     loop {
         if p == me {
-            return Err(DsmError::Misuse(format!(
-                "queue lock (window {:?}, offset {}): the probable-owner chain led back to this \
-                 process (internal error)",
-                site.win, site.word_off
-            )));
+            // A process that has just taken the lock from us with
+            // `try_lock_all` still links to us until it marks its word,
+            // a moment later (the one transient loop of the chain): try it
+            // again. Anything longer is a broken chain.
+            let since = *looped.get_or_insert_with(std::time::Instant::now);
+            let (Some(v), true) = (via, since.elapsed() < LOOP_LIMIT) else {
+                return Err(DsmError::Misuse(format!(
+                    "queue lock (window {:?}, offset {}): the probable-owner chain led back to \
+                     this process (internal error)",
+                    site.win, site.word_off
+                )));
+            };
+            p = v;
+            backoff.snooze(std::thread::yield_now);
         }
         let target = site.word(p);
         let owned = site.owned_raw(p);
@@ -155,14 +172,84 @@ pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Grant
         };
         match site.decode(p, old) {
             Word::Link(q) => {
+                via = Some(p);
                 p = q;
-                backoff.reset();
+                if q != me {
+                    backoff.reset();
+                }
             }
             // The word changed between our two attempts: try the same
             // process again, backing off if it keeps changing.
             Word::Owned | Word::Locked => backoff.snooze(std::thread::yield_now),
         }
     }
+}
+
+/// Takes, without waiting, those of the locks of `sites` that are free —
+/// here, or at the process this one's word names as the probable owner —
+/// with the compare-and-swaps at the probable owners in flight together
+/// ([`Rma::compare_and_swap_all`](crate::com::Rma::compare_and_swap_all)):
+/// for a run of blocks last written by one process, one round trip. A lock
+/// that is held, or has moved on from the probable owner, is not waited
+/// for (`None`): a caller that can do without it — a prefetch — passes its
+/// block over, and nothing of it changed.
+///
+/// The swap at the owner comes first, and this process's own word becomes
+/// `LOCKED` after: a try that fails then leaves no trace (marked `LOCKED`
+/// first, the word could meanwhile have gained a successor that waits for
+/// a hand-off). A chase that reaches our word in between follows its stale
+/// link back to the owner, whose word now links to us, until we are
+/// marked; only this process changes its word away from a link, so the
+/// marking cannot fail.
+pub(crate) fn try_lock_all<C: Communicator>(
+    com: &C,
+    sites: &[LockSite],
+) -> DsmResult<Vec<Option<Granted>>> {
+    let me = com.rank();
+    let mut granted: Vec<Option<Granted>> = sites.iter().map(|_| None).collect();
+    // (site, our word's raw value, probable owner) of each remote attempt.
+    let mut remote = Vec::new();
+    let mut ops = Vec::new();
+    for (i, site) in sites.iter().enumerate() {
+        let mine = site.word(me);
+        let raw = com.atomic_load(mine)?;
+        match site.decode(me, raw) {
+            Word::Owned => {
+                // A chase may have taken it from us since the load.
+                if com.compare_and_swap(mine, raw, RAW_LOCKED)? == raw {
+                    granted[i] = Some(Granted::Local);
+                }
+            }
+            Word::Link(p) if p != me => {
+                remote.push((i, raw, p));
+                ops.push(CasOp::new(site.word(p), site.owned_raw(p), link_raw(me)));
+            }
+            other => {
+                return Err(DsmError::Misuse(format!(
+                    "queue lock (window {:?}, offset {}) found its own word {other:?} while \
+                     not holding the lock (internal error)",
+                    site.win, site.word_off
+                )));
+            }
+        }
+    }
+    com.compare_and_swap_all(&mut ops)?;
+    for ((i, raw, p), op) in remote.into_iter().zip(&ops) {
+        if !op.swapped() {
+            continue;
+        }
+        let mine = sites[i].word(me);
+        let old = com.compare_and_swap(mine, raw, RAW_LOCKED)?;
+        if old != raw {
+            return Err(DsmError::Misuse(format!(
+                "queue lock (window {:?}, offset {}): our own link changed while we took the \
+                 lock (internal error)",
+                sites[i].win, sites[i].word_off
+            )));
+        }
+        granted[i] = Some(Granted::FromOwner(p));
+    }
+    Ok(granted)
 }
 
 /// Releases the lock. `store_lad` writes the LAD into this process's slot

@@ -15,7 +15,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use menps_dsm::com::{Communicator, Error, RemotePtr, RmaRequest, Source, WindowId};
+use menps_dsm::com::{
+    CasOp, Communicator, Error, LocalWindow, RemotePtr, RmaRequest, Source, WindowId,
+};
 
 pub const SCENARIO: &str = "MENPS_TEST_SCENARIO";
 
@@ -213,6 +215,96 @@ pub fn assert_aliasable(local: &menps_dsm::com::LocalWindow) {
 /// Put/get of every size class at odd offsets into the next rank's window,
 /// checked at the target (including untouched guard bytes on both sides)
 /// and read back remotely; then every misuse error.
+/// `Rma::read_all` and `Rma::compare_and_swap_all` on `win` (of
+/// [`scenario_rma`], at least 2 MiB + 4 KiB per process): reads of every
+/// process at once, small ones (the served backend combines them into one
+/// request per process) with a large one; compare-and-swaps on every
+/// process's words, one that swaps and one that does not per process; and
+/// their misuse.
+fn rma_batches<C: Communicator>(com: &C, win: WindowId, local: &LocalWindow) {
+    let (me, n) = (com.rank(), com.size());
+    const BIG: usize = 70_000;
+    const WORDS: u64 = 2 << 20;
+    let data = |r: usize| pattern(0xba7c + r as u64, (1 << 20) + BIG);
+    // SAFETY: nobody accesses our window between the barriers around this.
+    unsafe {
+        local.as_mut_slice()[..(1 << 20) + BIG].copy_from_slice(&data(me));
+        local.as_mut_slice()[WORDS as usize..WORDS as usize + 16 * n].fill(0);
+    }
+    com.barrier().unwrap();
+    let ranges: Vec<(usize, usize, usize)> = (0..n)
+        .flat_map(|r| {
+            [
+                (r, 8 * r, 8),
+                (r, 4096 + r, 100),
+                (r, 1 << 20, BIG),
+                (r, 3, 1),
+            ]
+        })
+        .collect();
+    let mut bufs: Vec<Vec<u8>> = ranges.iter().map(|&(_, _, len)| vec![0u8; len]).collect();
+    let mut reads: Vec<_> = ranges
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(&(r, off, _), b)| (win.at(r, off as u64), &mut b[..]))
+        .collect();
+    com.read_all(&mut reads).unwrap();
+    for (&(r, off, len), b) in ranges.iter().zip(&bufs) {
+        assert!(
+            b[..] == data(r)[off..off + len],
+            "rank {me}: read_all of {len} bytes at {off} of rank {r} wrong"
+        );
+    }
+    // Word `me` of every process swaps from 0; word `n + me` stays 0.
+    let mut ops: Vec<CasOp> = (0..n)
+        .flat_map(|r| {
+            [
+                CasOp::new(win.at(r, WORDS + 8 * me as u64), 0, me as u64 + 1),
+                CasOp::new(win.at(r, WORDS + 8 * (n + me) as u64), 7, 9),
+            ]
+        })
+        .collect();
+    com.compare_and_swap_all(&mut ops).unwrap();
+    for (k, op) in ops.iter().enumerate() {
+        assert_eq!(
+            op.old, 0,
+            "rank {me}: compare_and_swap_all op {k} found {}",
+            op.old
+        );
+        assert_eq!(op.swapped(), k % 2 == 0, "rank {me}: op {k}");
+    }
+    com.barrier().unwrap();
+    for r in 0..n {
+        let at = |i: usize| {
+            local
+                .atomic_u64(WORDS as usize + 8 * i)
+                .unwrap()
+                .load(Ordering::SeqCst)
+        };
+        assert_eq!(at(r), r as u64 + 1, "rank {me}: word {r} after the batches");
+        assert_eq!(at(n + r), 0, "rank {me}: word {} after the batches", n + r);
+    }
+    // Misuse: the batch fails as its first bad operation would alone.
+    let size = local.len();
+    let target = (me + 1) % n;
+    let mut ok = [0u8; 8];
+    let mut over = [0u8; 16];
+    let mut reads = [
+        (win.at(target, 0), &mut ok[..]),
+        (win.at(target, size as u64 - 8), &mut over[..]),
+    ];
+    assert!(matches!(
+        com.read_all(&mut reads),
+        Err(Error::OutOfBounds { len: 16, .. })
+    ));
+    let mut ops = [CasOp::new(win.at(target, WORDS + 4), 0, 1)];
+    assert!(matches!(
+        com.compare_and_swap_all(&mut ops),
+        Err(Error::UnalignedAtomic { .. })
+    ));
+    com.barrier().unwrap();
+}
+
 pub fn scenario_rma<C: Communicator>(com: &C) {
     let (me, n) = (com.rank(), com.size());
     let bytes = 2 * 1024 * 1024 + 2 * 4096;
@@ -272,6 +364,8 @@ pub fn scenario_rma<C: Communicator>(com: &C) {
             com.barrier().unwrap();
         }
     }
+
+    rma_batches(com, win, &local);
 
     // Misuse gives clear errors.
     let w = win.0;

@@ -14,7 +14,7 @@ use super::device::{Command, Kind, RmaDevice};
 use super::raw::{self, Handle};
 use super::{MpiCom, served, wait};
 use crate::com::outcome::Outcome;
-use crate::com::{RemotePtr, Request, Result, Rma, check, offload};
+use crate::com::{CasOp, RemotePtr, Request, Result, Rma, batch, check, offload};
 
 /// Where an access goes: (window, target rank, displacement there).
 type Target = (ffi::MPI_Win, c_int, ffi::MPI_Aint);
@@ -288,6 +288,61 @@ impl<U: UltItf> Rma for MpiCom<U> {
                 self.direct_atomic(t, |w, r, d, old| raw::fetch_add(w, r, d, &delta, old))
             },
         )
+    }
+
+    /// Served: every request in flight together (one round trip for all).
+    fn compare_and_swap_all(&self, ops: &mut [CasOp]) -> Result<()> {
+        let Some(s) = &self.server else {
+            return batch::cas_all_nb(self, ops);
+        };
+        for op in ops.iter() {
+            self.atomic_target(op.target)?;
+        }
+        let mut served: Vec<served::ServedOp<'_>> = ops
+            .iter()
+            .map(|op| {
+                let h = served::Header {
+                    op: served::Op::Cas,
+                    reply_tag: 0,
+                    at: op.target,
+                    len: 8,
+                    a: op.expected,
+                    b: op.new,
+                };
+                served::ServedOp::new(h, &[], &mut [])
+            })
+            .collect();
+        self.served_many(s, &mut served)?;
+        for (op, done) in ops.iter_mut().zip(served) {
+            op.old = done.old;
+        }
+        Ok(())
+    }
+
+    /// Served: every request (a read longer than [`served::MAX_PIECE`] in
+    /// pieces) in flight together.
+    fn read_all(&self, reads: &mut [(RemotePtr, &mut [u8])]) -> Result<()> {
+        let Some(s) = &self.server else {
+            return batch::read_all_nb(self, reads);
+        };
+        for (src, dst) in reads.iter() {
+            self.windows.resolve(*src, dst.len(), self.size)?;
+        }
+        let mut served = Vec::with_capacity(reads.len());
+        for (src, dst) in reads.iter_mut() {
+            for (k, piece) in dst.chunks_mut(served::MAX_PIECE).enumerate() {
+                let h = served::Header {
+                    op: served::Op::Read,
+                    reply_tag: 0,
+                    at: src.add((k * served::MAX_PIECE) as u64),
+                    len: piece.len() as u64,
+                    a: 0,
+                    b: 0,
+                };
+                served.push(served::ServedOp::new(h, &[], piece));
+            }
+        }
+        self.served_many(s, &mut served)
     }
 
     fn flush(&self, rank: usize) -> Result<()> {

@@ -65,12 +65,32 @@ use crate::com::{Error, RemotePtr, Result};
 const TAG_REQUEST: c_int = 0;
 
 /// Reply tags cycle through `1..=REPLY_TAGS` (MPI guarantees tags up to
-/// 32767). A requester has at most one request outstanding per thread, so
-/// a tag comes round again long after its reply arrived.
+/// 32767). A requester thread has at most [`MAX_IN_FLIGHT`] requests
+/// outstanding, so a tag comes round again long after its reply arrived.
 const REPLY_TAGS: u32 = 32_000;
 
 /// Most bytes one request moves (`int` counts); longer accesses are split.
 pub(crate) const MAX_PIECE: usize = raw::MAX_COUNT;
+
+/// An operation on this process's own window serves the requests that
+/// have arrived first only if nobody has served for this long: often
+/// enough that a thread spinning on its own words lets a peer's release
+/// in within a few tens of microseconds, rarely enough that the several
+/// local operations of a transaction do not each poll MPI.
+const LOCAL_SERVE_GAP_NS: u64 = 20_000;
+
+/// Most bytes of the reply to one multi request (the reads and atomics to
+/// one process of a batch travel in one request up to this size).
+const MULTI_MAX_REPLY: usize = 64 * 1024;
+
+/// The headers of the operations of a multi request `msg` (after its own
+/// header; a truncated or garbled one ends them).
+fn sub_headers(msg: &[u8]) -> impl Iterator<Item = Header> + '_ {
+    msg.get(HEADER..)
+        .unwrap_or(&[])
+        .chunks_exact(HEADER)
+        .map_while(Header::decode)
+}
 
 /// Most requests one call of [`Server::serve`] answers before it returns.
 const SERVE_BATCH: usize = 64;
@@ -86,6 +106,9 @@ pub(crate) enum Op {
     Cas,
     /// Wrapping fetch-and-add of `a` to a word.
     FetchAdd,
+    /// `len` reads and atomics, whose headers follow; the reply is their
+    /// replies one after the other (`a` bytes in all).
+    Multi,
 }
 
 impl Op {
@@ -95,6 +118,7 @@ impl Op {
             Op::Write => 2,
             Op::Cas => 3,
             Op::FetchAdd => 4,
+            Op::Multi => 5,
         }
     }
 
@@ -104,6 +128,7 @@ impl Op {
             2 => Op::Write,
             3 => Op::Cas,
             4 => Op::FetchAdd,
+            5 => Op::Multi,
             _ => return None,
         })
     }
@@ -166,6 +191,9 @@ pub(crate) struct Server {
     serving: Mutex<Vec<(c_int, Vec<u8>)>>,
     next_tag: AtomicU32,
     served: AtomicU64,
+    /// When a serve last started, in nanoseconds since `epoch`.
+    last_serve: AtomicU64,
+    epoch: std::time::Instant,
 }
 
 impl Server {
@@ -183,6 +211,8 @@ impl Server {
             serving: Mutex::new(Vec::new()),
             next_tag: AtomicU32::new(0),
             served: AtomicU64::new(0),
+            last_serve: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
         }
     }
 
@@ -236,6 +266,7 @@ impl Server {
                 std::sync::atomic::fence(Ordering::Release);
                 Ok(0)
             }
+            Op::Multi => Err(Error::Transport("a multi request inside another".into())),
             Op::Cas | Op::FetchAdd => {
                 crate::com::check::aligned_word(at)?;
                 if len != 8 {
@@ -257,12 +288,21 @@ impl Server {
         }
     }
 
+    /// Whether a thread that operates on its own window should serve
+    /// first: if nobody has for [`LOCAL_SERVE_GAP_NS`].
+    pub(crate) fn due(&self) -> bool {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        now.saturating_sub(self.last_serve.load(Ordering::Relaxed)) >= LOCAL_SERVE_GAP_NS
+    }
+
     /// Answers the requests that have arrived (at most [`SERVE_BATCH`]),
     /// unless another thread is serving; returns how many.
     pub(crate) fn serve(&self) -> Result<usize> {
         let Ok(mut early) = self.serving.try_lock() else {
             return Ok(0);
         };
+        self.last_serve
+            .store(self.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let mut n = 0;
         if !early.is_empty() {
             for (from, msg) in std::mem::take(&mut *early) {
@@ -293,14 +333,50 @@ impl Server {
         msg: Vec<u8>,
         early: &mut Vec<(c_int, Vec<u8>)>,
     ) -> Result<usize> {
-        if let Some(h) = Header::decode(&msg)
-            && self.windows.is_unborn(h.at.window().0)
-        {
+        let unborn = |h: &Header| self.windows.is_unborn(h.at.window().0);
+        let keep = match Header::decode(&msg) {
+            Some(h) if h.op == Op::Multi => sub_headers(&msg).any(|h| unborn(&h)),
+            Some(h) => unborn(&h),
+            None => false,
+        };
+        if keep {
             early.push((from, msg));
             return Ok(0);
         }
         self.answer(from, &msg)?;
         Ok(1)
+    }
+
+    /// Performs the reads and atomics of a multi request `h` (the whole
+    /// message `msg`); returns their replies one after the other, or `None`
+    /// if the request is malformed or one of them cannot be performed.
+    fn apply_multi(&self, h: &Header, msg: &[u8]) -> Option<Vec<u8>> {
+        let total = usize::try_from(h.a).ok()?;
+        let count = usize::try_from(h.len).ok()?;
+        if total > MULTI_MAX_REPLY || msg.len() != HEADER.checked_add(count.checked_mul(HEADER)?)? {
+            return None;
+        }
+        let mut out = vec![0u8; total];
+        let mut at = 0usize;
+        for sub in sub_headers(msg) {
+            let n = match sub.op {
+                Op::Read => usize::try_from(sub.len).ok()?,
+                Op::Cas | Op::FetchAdd => 8,
+                Op::Write | Op::Multi => return None,
+            };
+            let piece = out.get_mut(at..at.checked_add(n)?)?;
+            match sub.op {
+                Op::Read => {
+                    self.apply(&sub, &[], piece).ok()?;
+                }
+                _ => {
+                    let old = self.apply(&sub, &[], &mut []).ok()?;
+                    piece.copy_from_slice(&old.to_le_bytes());
+                }
+            }
+            at += n;
+        }
+        (at == total).then_some(out)
     }
 
     /// Performs one request from `from` and sends the reply (empty if it
@@ -326,6 +402,13 @@ impl Server {
                 }
                 Err(_) => false,
             },
+            Op::Multi => match self.apply_multi(&h, msg) {
+                Some(replies) => {
+                    out = replies;
+                    true
+                }
+                None => false,
+            },
         };
         let reply: &[u8] = match (ok, h.op) {
             (false, _) => &[],
@@ -350,6 +433,63 @@ impl Server {
     }
 }
 
+/// One operation of [`MpiCom::served_many`]: what to do, the data of a
+/// write, where a read's bytes go, and an atomic's old word once done.
+pub(super) struct ServedOp<'a> {
+    pub(super) h: Header,
+    pub(super) data: &'a [u8],
+    pub(super) out: &'a mut [u8],
+    pub(super) old: u64,
+}
+
+impl<'a> ServedOp<'a> {
+    /// The operation `h`, with `data` for a write and `out` for a read.
+    pub(super) fn new(h: Header, data: &'a [u8], out: &'a mut [u8]) -> Self {
+        ServedOp {
+            h,
+            data,
+            out,
+            old: 0,
+        }
+    }
+
+    /// Bytes of its reply: a read's data, an atomic's old word, or one for
+    /// a write's acknowledgement (an empty reply is a failure).
+    fn reply_len(&self) -> usize {
+        match self.h.op {
+            Op::Read => self.out.len(),
+            Op::Write => 1,
+            Op::Cas | Op::FetchAdd => 8,
+            Op::Multi => unreachable!("a batch's operations are single ones"),
+        }
+    }
+
+    /// Takes its reply (of [`Self::reply_len`] bytes).
+    fn take_reply(&mut self, reply: &[u8]) {
+        match self.h.op {
+            Op::Read => self.out.copy_from_slice(reply),
+            Op::Write | Op::Multi => {}
+            Op::Cas | Op::FetchAdd => {
+                self.old = u64::from_le_bytes(reply[..8].try_into().expect("8"));
+            }
+        }
+    }
+}
+
+/// Most requests of one batch in flight at once (their replies' buffers
+/// are allocated up front).
+const MAX_IN_FLIGHT: usize = 64;
+
+/// One request in flight: its two MPI requests and buffers.
+struct InFlight {
+    rreq: ffi::MPI_Request,
+    sreq: ffi::MPI_Request,
+    reply: Vec<u8>,
+    msg: Vec<u8>,
+    sent: bool,
+    got: Option<usize>,
+}
+
 impl<U: UltItf> MpiCom<U> {
     /// Performs `h` (with `data` for a write) through `s`: here if the
     /// target is this process, else by a request and its reply. A read
@@ -358,97 +498,205 @@ impl<U: UltItf> MpiCom<U> {
     pub(super) fn served_op(
         &self,
         s: &Server,
-        mut h: Header,
+        h: Header,
         data: &[u8],
         out: &mut [u8],
     ) -> Result<u64> {
-        let target = h.at.rank();
-        if target == self.rank {
+        let mut ops = [ServedOp::new(h, data, out)];
+        self.served_many(s, &mut ops)?;
+        Ok(ops[0].old)
+    }
+
+    /// Performs `ops` as [`Self::served_op`] does each, with up to
+    /// [`MAX_IN_FLIGHT`] requests in flight together: their replies come
+    /// back in about one round trip. The caller has checked every
+    /// operation as for `served_op`.
+    pub(super) fn served_many(&self, s: &Server, ops: &mut [ServedOp<'_>]) -> Result<()> {
+        if ops.iter().any(|o| o.h.at.rank() == self.rank) {
             // Serve first: a thread spinning on its own words (a lock a peer
-            // holds) must let the peer's release in.
-            s.serve()?;
-            super::progress::note_poll();
-            return s.apply(&h, data, out);
+            // holds) must let the peer's release in. Not at every local
+            // operation, though: a serve polls MPI, which costs about 15 µs
+            // over TCP, and a transaction makes several local operations.
+            if s.due() {
+                s.serve()?;
+                super::progress::note_poll();
+            }
+            for o in ops.iter_mut().filter(|o| o.h.at.rank() == self.rank) {
+                o.old = s.apply(&o.h, o.data, o.out)?;
+            }
         }
-        let reply_len = match h.op {
-            Op::Read => out.len(),
-            Op::Write => 1,
-            Op::Cas | Op::FetchAdd => 8,
-        };
-        h.reply_tag = s.reply_tag();
-        let mut reply = vec![0u8; reply_len];
-        let mut msg = Vec::with_capacity(HEADER + data.len());
-        msg.extend_from_slice(&h.encode());
-        msg.extend_from_slice(data);
-        let (to, tag) = (target as c_int, h.reply_tag as c_int);
-        let mut rreq = raw::request_null();
-        // SAFETY: `reply` is owned here and kept until the receive completes
-        // (or leaked below); valid communicator and rank.
-        raw::check("MPI_Irecv", unsafe {
-            ffi::MPI_Irecv(
-                reply.as_mut_ptr().cast::<c_void>(),
-                reply_len as c_int,
-                raw::byte(),
-                to,
-                tag,
-                s.comm(),
-                &mut rreq,
-            )
-        })?;
-        let mut sreq = raw::request_null();
-        // SAFETY: as above, for `msg`.
-        let sent = raw::check("MPI_Isend", unsafe {
-            ffi::MPI_Isend(
-                msg.as_ptr().cast::<c_void>(),
-                msg.len() as c_int,
-                raw::byte(),
-                to,
-                TAG_REQUEST,
-                s.comm(),
-                &mut sreq,
-            )
-        });
-        if let Err(e) = sent {
-            // The receive stays posted: MPI may still write `reply`.
-            std::mem::forget(reply);
+        let mut remote: Vec<&mut ServedOp<'_>> = ops
+            .iter_mut()
+            .filter(|o| o.h.at.rank() != self.rank)
+            .collect();
+        for chunk in remote.chunks_mut(MAX_IN_FLIGHT) {
+            self.served_chunk(s, chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Sends the requests of `ops` (all to other processes) and waits for
+    /// every reply. The reads and atomics to one process go in one multi
+    /// request while their replies fit in [`MULTI_MAX_REPLY`] bytes (the
+    /// target then answers them all at once: serving a request costs it
+    /// several MPI calls); the rest go one by one.
+    fn served_chunk(&self, s: &Server, ops: &mut [&mut ServedOp<'_>]) -> Result<()> {
+        // Each request: the operations it carries (indices into `ops`).
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut open: Vec<(usize, usize, usize)> = Vec::new(); // (rank, group, reply bytes)
+        for (k, o) in ops.iter().enumerate() {
+            let rank = o.h.at.rank();
+            let n = o.reply_len();
+            let combinable = matches!(o.h.op, Op::Read | Op::Cas | Op::FetchAdd);
+            match open.iter_mut().find(|(r, _, _)| *r == rank) {
+                Some((_, g, bytes)) if combinable && *bytes + n <= MULTI_MAX_REPLY => {
+                    groups[*g].push(k);
+                    *bytes += n;
+                }
+                _ => {
+                    groups.push(vec![k]);
+                    if combinable {
+                        open.retain(|(r, _, _)| *r != rank);
+                        open.push((rank, groups.len() - 1, n));
+                    }
+                }
+            }
+        }
+        let mut flights: Vec<InFlight> = Vec::with_capacity(groups.len());
+        let mut posted = Ok(());
+        for g in &groups {
+            let first = &ops[g[0]];
+            let to = first.h.at.rank() as c_int;
+            let reply_tag = s.reply_tag();
+            let (msg, reply_len) = if g.len() == 1 {
+                let mut h = first.h;
+                h.reply_tag = reply_tag;
+                let mut msg = Vec::with_capacity(HEADER + first.data.len());
+                msg.extend_from_slice(&h.encode());
+                msg.extend_from_slice(first.data);
+                (msg, first.reply_len())
+            } else {
+                let total: usize = g.iter().map(|&k| ops[k].reply_len()).sum();
+                let h = Header {
+                    op: Op::Multi,
+                    reply_tag,
+                    at: first.h.at,
+                    len: g.len() as u64,
+                    a: total as u64,
+                    b: 0,
+                };
+                let mut msg = Vec::with_capacity(HEADER * (1 + g.len()));
+                msg.extend_from_slice(&h.encode());
+                for &k in g {
+                    msg.extend_from_slice(&ops[k].h.encode());
+                }
+                (msg, total)
+            };
+            let mut f = InFlight {
+                rreq: raw::request_null(),
+                sreq: raw::request_null(),
+                reply: vec![0u8; reply_len],
+                msg,
+                sent: false,
+                got: None,
+            };
+            // SAFETY: `f.reply` is a heap buffer that stays where it is
+            // until the receive completes (or is leaked below); valid
+            // communicator and rank.
+            let r = raw::check("MPI_Irecv", unsafe {
+                ffi::MPI_Irecv(
+                    f.reply.as_mut_ptr().cast::<c_void>(),
+                    f.reply.len() as c_int,
+                    raw::byte(),
+                    to,
+                    reply_tag as c_int,
+                    s.comm(),
+                    &mut f.rreq,
+                )
+            });
+            if let Err(e) = r {
+                posted = Err(e);
+                break;
+            }
+            // SAFETY: as above, for `f.msg`.
+            let r = raw::check("MPI_Isend", unsafe {
+                ffi::MPI_Isend(
+                    f.msg.as_ptr().cast::<c_void>(),
+                    f.msg.len() as c_int,
+                    raw::byte(),
+                    to,
+                    TAG_REQUEST,
+                    s.comm(),
+                    &mut f.sreq,
+                )
+            });
+            if let Err(e) = r {
+                // The receive stays posted: MPI may still write `f.reply`.
+                std::mem::forget(f);
+                posted = Err(e);
+                break;
+            }
+            flights.push(f);
+        }
+        if let Err(e) = posted {
+            // Requests already sent may still be answered into their buffers.
+            std::mem::forget(flights);
             return Err(e);
         }
-        let (mut send_done, mut got) = (false, None);
-        let r = self.wait_until(Watch::Rank(target), || {
-            if !send_done {
-                // SAFETY: an active request whose buffer (`msg`) is alive.
-                send_done = unsafe { raw::test(&mut sreq) }?;
+        let first = ops.first().map(|o| o.h.at.rank());
+        let watch = if ops.iter().all(|o| Some(o.h.at.rank()) == first) {
+            Watch::Rank(first.unwrap_or(0))
+        } else {
+            Watch::AllOthers(None)
+        };
+        let r = self.wait_until(watch, || {
+            let mut all = true;
+            for f in flights.iter_mut() {
+                if !f.sent {
+                    // SAFETY: an active request whose buffer (`f.msg`) is
+                    // alive.
+                    f.sent = unsafe { raw::test(&mut f.sreq) }?;
+                }
+                if f.got.is_none() {
+                    // SAFETY: an active request whose buffer (`f.reply`)
+                    // is alive.
+                    f.got = unsafe { raw::test_count(&mut f.rreq) }?;
+                }
+                all &= f.sent && f.got.is_some();
             }
-            if got.is_none() {
-                // SAFETY: an active request whose buffer (`reply`) is alive.
-                got = unsafe { raw::test_count(&mut rreq) }?;
-            }
-            Ok((send_done && got.is_some()).then_some(()))
+            Ok(all.then_some(()))
         });
         if let Err(e) = r {
-            // Abandoned requests: MPI may still use both buffers.
-            std::mem::forget(reply);
-            std::mem::forget(msg);
+            // Abandoned requests: MPI may still use every buffer.
+            std::mem::forget(flights);
             return Err(e);
         }
-        if got != Some(reply_len) {
-            return Err(Error::Transport(format!(
-                "rank {target} could not perform a served {:?} of {} bytes at window {} \
-                 offset {} (its window is gone or the range is outside it)",
-                h.op,
-                h.len,
-                h.at.window().0,
-                h.at.offset()
-            )));
-        }
-        Ok(match h.op {
-            Op::Read => {
-                out.copy_from_slice(&reply);
-                0
+        for (g, f) in groups.iter().zip(flights) {
+            if f.got != Some(f.reply.len()) {
+                let o = &ops[g[0]];
+                let more = if g.len() > 1 {
+                    format!(" (one of {} operations in one request)", g.len())
+                } else {
+                    String::new()
+                };
+                return Err(Error::Transport(format!(
+                    "rank {} could not perform a served {:?} of {} bytes at window {} \
+                     offset {}{more} (its window is gone or the range is outside it)",
+                    o.h.at.rank(),
+                    o.h.op,
+                    o.h.len,
+                    o.h.at.window().0,
+                    o.h.at.offset()
+                )));
             }
-            Op::Write => 0,
-            Op::Cas | Op::FetchAdd => u64::from_le_bytes(reply[..8].try_into().expect("8")),
-        })
+            let mut at = 0;
+            for &k in g {
+                let n = ops[k].reply_len();
+                ops[k].take_reply(&f.reply[at..at + n]);
+                at += n;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -476,8 +724,43 @@ mod tests {
         let mut bad = b;
         bad[0] = 9;
         assert_eq!(Header::decode(&bad), None);
-        for op in [Op::Read, Op::Write, Op::Cas, Op::FetchAdd] {
+        for op in [Op::Read, Op::Write, Op::Cas, Op::FetchAdd, Op::Multi] {
             assert_eq!(Op::from_code(op.code()), Some(op));
         }
+    }
+
+    #[test]
+    fn a_multi_request_carries_its_operations_headers() {
+        let sub = |op, off, len| Header {
+            op,
+            reply_tag: 0,
+            at: RemotePtr::new(1, WindowId(2), off),
+            len,
+            a: 0,
+            b: 0,
+        };
+        let subs = [
+            sub(Op::Read, 64, 32),
+            sub(Op::Cas, 8, 8),
+            sub(Op::Read, 0, 1),
+        ];
+        let head = Header {
+            op: Op::Multi,
+            reply_tag: 5,
+            at: subs[0].at,
+            len: 3,
+            a: 41,
+            b: 0,
+        };
+        let mut msg = head.encode().to_vec();
+        for h in &subs {
+            msg.extend_from_slice(&h.encode());
+        }
+        assert_eq!(sub_headers(&msg).collect::<Vec<_>>(), subs);
+        // A garbled operation ends them (the server then refuses the
+        // request: their count no longer matches).
+        msg[HEADER + HEADER] = 0;
+        assert_eq!(sub_headers(&msg).count(), 1);
+        assert_eq!(sub_headers(&msg[..HEADER + 10]).count(), 0);
     }
 }

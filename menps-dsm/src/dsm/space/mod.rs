@@ -701,9 +701,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// with our pending changes if the block has any, its lease from the
     /// block's lock-associated data, listed in the read set — so an acquire
     /// drops a prefetched copy exactly as it drops any other; the clean ones
-    /// together: their locks in ascending order, one read per run held by
-    /// the same process), then makes them readable with one `mprotect` per
-    /// contiguous run. Readable blocks are passed over; the scan stops at
+    /// together: their locks tried at once, then taken in ascending order
+    /// from the first busy one, and one read per run held by the same
+    /// process, see `prefetch_clean`), then makes them readable with one
+    /// `mprotect` per contiguous run. Readable blocks are passed over; the scan stops at
     /// the first busy entry (another thread is resolving that block). The
     /// entries stay locked until the protection is set, so an invalidation
     /// cannot come in between.

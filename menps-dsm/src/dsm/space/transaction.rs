@@ -139,26 +139,83 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
     }
 
+    /// Takes the global locks of `blocks` (ascending) for a prefetch;
+    /// returns their LADs. Under the floating policy the locks are first
+    /// tried all at once ([`qlock::try_lock_all`]: the swaps at the
+    /// probable owners and then the LADs' reads each in flight together),
+    /// so a run last written by one process costs two round trips however
+    /// long it is. From the first lock that is busy or has moved on, they
+    /// are taken one after the other as a miss takes them (waiting, and
+    /// following the lock): the ones tried and taken after it are given back
+    /// first, so that every lock waited for is above all the locks held —
+    /// all nesting of block locks within a segment is ascending, which
+    /// rules out deadlocks. Under the fixed policy they are taken in order.
+    fn lock_for_prefetch(&self, seg: &Segment<U>, blocks: &[usize]) -> DsmResult<Vec<Lad>> {
+        if self.cfg.writer == WriterPolicy::Fixed {
+            return blocks.iter().map(|&j| self.lock_block(seg, j)).collect();
+        }
+        let sites: Vec<_> = blocks.iter().map(|&j| self.block_site(seg, j)).collect();
+        let granted = qlock::try_lock_all(&self.com, &sites)?;
+        let mut bufs = vec![[0u8; Lad::BYTES]; blocks.len()];
+        let mut reads = Vec::with_capacity(blocks.len());
+        for ((&j, g), buf) in blocks.iter().zip(&granted).zip(bufs.iter_mut()) {
+            let holder = match g {
+                None => continue,
+                Some(Granted::Local) => self.rank,
+                Some(Granted::FromOwner(p)) => *p,
+                Some(Granted::HandOff(..)) => {
+                    unreachable!("a tried lock is never handed over")
+                }
+            };
+            let at = seg.meta_win.at(holder, seg.meta_off(j) + LAD_OFF as u64);
+            reads.push((at, &mut buf[..]));
+        }
+        self.com.read_all(&mut reads)?;
+        drop(reads);
+        let busy = granted
+            .iter()
+            .position(Option::is_none)
+            .unwrap_or(blocks.len());
+        let mut lads = Vec::with_capacity(blocks.len());
+        for (k, (g, b)) in granted.iter().zip(&bufs).enumerate() {
+            if g.is_none() {
+                continue;
+            }
+            let lad = Lad::from_bytes(b)?;
+            if k < busy {
+                lads.push(lad);
+            } else {
+                // Given back unchanged: the lock stays here, free.
+                self.unlock_block(seg, blocks[k], lad)?;
+            }
+        }
+        for &j in &blocks[busy..] {
+            lads.push(self.lock_block(seg, j)?);
+        }
+        Ok(lads)
+    }
+
     /// Sequential prefetch of the clean invalid blocks `blocks` (ascending,
-    /// their entries locked by the caller): takes every block's global lock
-    /// in order (all nesting of block locks is ascending within a segment,
-    /// so it cannot deadlock), reads each run of blocks that are contiguous
-    /// and held by the same process with one read, then finishes and
-    /// unlocks each block as a read transaction would.
+    /// their entries locked by the caller): takes their global locks
+    /// ([`Self::lock_for_prefetch`]), reads each run of blocks that are
+    /// contiguous and held by the same process with one read — all the
+    /// runs' reads in flight together — then finishes and unlocks each
+    /// block as a read transaction would.
     pub(super) fn prefetch_clean(
         &self,
         seg: &Segment<U>,
         blocks: &mut [(usize, &mut BlockMeta)],
     ) -> DsmResult<()> {
         let bs = seg.block_size;
-        let mut lads = Vec::with_capacity(blocks.len());
-        for (j, m) in blocks.iter_mut() {
+        let idxs: Vec<usize> = blocks.iter().map(|(j, _)| *j).collect();
+        let mut lads = self.lock_for_prefetch(seg, &idxs)?;
+        for (_, m) in blocks.iter_mut() {
             debug_assert!(m.state == BlockState::InvalidClean);
             bump(&self.stats.transactions);
             m.force_tx = false;
-            lads.push(self.lock_block(seg, *j)?);
         }
         // One read per run of contiguous blocks with the same remote home.
+        let mut runs = Vec::new();
         let mut k = 0;
         while k < blocks.len() {
             let home = self.tx_home(seg, blocks[k].0, &lads[k]);
@@ -176,18 +233,19 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 // application view has no access) and whose entries are
                 // locked: nobody else touches them.
                 let dst = unsafe { core::slice::from_raw_parts_mut(seg.sys(first), n * bs) };
-                self.com
-                    .read(seg.data_win.at(home, seg.offset(first)), dst)?;
+                runs.push((seg.data_win.at(home, seg.offset(first)), dst));
                 self.stats
                     .bytes_fetched
                     .fetch_add(n * bs, Ordering::Relaxed);
             }
             k += n;
         }
-        for ((j, m), mut lad) in blocks.iter_mut().zip(lads) {
+        self.com.read_all(&mut runs)?;
+        drop(runs);
+        for ((j, m), lad) in blocks.iter_mut().zip(lads.iter_mut()) {
             let was = m.state;
-            self.transaction_locked(seg, *j, m, TxKind::Prefetch, was, false, &mut lad)?;
-            self.unlock_block(seg, *j, lad)?;
+            self.transaction_locked(seg, *j, m, TxKind::Prefetch, was, false, lad)?;
+            self.unlock_block(seg, *j, *lad)?;
         }
         Ok(())
     }
