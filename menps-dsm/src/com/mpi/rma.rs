@@ -319,7 +319,7 @@ impl<U: UltItf> Rma for MpiCom<U> {
         Ok(())
     }
 
-    /// Served: every request (a read longer than [`served::MAX_PIECE`] in
+    /// Served: every request (a read longer than `int` counts allow in
     /// pieces) in flight together.
     fn read_all(&self, reads: &mut [(RemotePtr, &mut [u8])]) -> Result<()> {
         let Some(s) = &self.server else {

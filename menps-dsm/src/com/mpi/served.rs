@@ -32,6 +32,16 @@
 //!   at a time; it receives each request (`MPI_Improbe` + `MPI_Mrecv`),
 //!   performs it on its part of the window and sends the reply
 //!   (`MPI_Send`: the reply's receive is posted already).
+//! - **Batches** ([`Rma::compare_and_swap_all`](crate::com::Rma::compare_and_swap_all),
+//!   [`Rma::read_all`](crate::com::Rma::read_all)): every request of a batch
+//!   is in flight at once, and the reads and atomics to one process travel
+//!   in one *multi* request (its header, then theirs) whose reply is theirs
+//!   one after the other — serving a request costs the target several MPI
+//!   calls, so eight lock words cost it one request, not eight.
+//! - **Operations on the own window** run here, without messages; they
+//!   serve the requests that have arrived first, but only if nobody has for
+//!   20 µs (a serve polls MPI, about 15 µs over TCP, and a transaction makes
+//!   several such operations).
 //! - **Atomics** are processor atomics on the target's memory, so they are
 //!   atomic with respect to each other whoever issues them: a process's
 //!   operations on its own part skip the messages and run the same code.
