@@ -38,13 +38,18 @@ impl CasOp {
     }
 }
 
-/// [`Rma::compare_and_swap_all`] by the non-blocking forms: every operation
-/// started, then each waited for (all of them, also after an error).
-pub fn cas_all_nb<C: Rma + ?Sized>(com: &C, ops: &mut [CasOp]) -> Result<()> {
-    let mut reqs = Vec::with_capacity(ops.len());
+/// Starts `start(item)` for every item, then waits for each request
+/// started and hands its value to `done` — every one, also after an error
+/// (their buffers are borrowed until we return); returns the first error.
+fn start_then_wait<T, R: RmaRequest>(
+    items: &mut [T],
+    mut start: impl FnMut(&mut T) -> Result<R>,
+    mut done: impl FnMut(&mut T, u64),
+) -> Result<()> {
+    let mut reqs = Vec::with_capacity(items.len());
     let mut first_err = None;
-    for op in ops.iter() {
-        match com.compare_and_swap_nb(op.target, op.expected, op.new) {
+    for item in items.iter_mut() {
+        match start(item) {
             Ok(r) => reqs.push(r),
             Err(e) => {
                 first_err = Some(e);
@@ -52,9 +57,9 @@ pub fn cas_all_nb<C: Rma + ?Sized>(com: &C, ops: &mut [CasOp]) -> Result<()> {
             }
         }
     }
-    for (op, r) in ops.iter_mut().zip(reqs) {
+    for (item, r) in items.iter_mut().zip(reqs) {
         match r.wait() {
-            Ok(old) => op.old = old,
+            Ok(v) => done(item, v),
             Err(e) => {
                 first_err.get_or_insert(e);
             }
@@ -63,25 +68,23 @@ pub fn cas_all_nb<C: Rma + ?Sized>(com: &C, ops: &mut [CasOp]) -> Result<()> {
     first_err.map_or(Ok(()), Err)
 }
 
+/// [`Rma::compare_and_swap_all`] by the non-blocking forms: every operation
+/// started, then each waited for.
+pub fn cas_all_nb<C: Rma + ?Sized>(com: &C, ops: &mut [CasOp]) -> Result<()> {
+    start_then_wait(
+        ops,
+        |op| com.compare_and_swap_nb(op.target, op.expected, op.new),
+        |op, old| op.old = old,
+    )
+}
+
 /// [`Rma::read_all`] by the non-blocking forms, as [`cas_all_nb`].
 pub fn read_all_nb<C: Rma + ?Sized>(com: &C, reads: &mut [(RemotePtr, &mut [u8])]) -> Result<()> {
-    let mut reqs = Vec::with_capacity(reads.len());
-    let mut first_err = None;
-    for (src, dst) in reads.iter_mut() {
+    start_then_wait(
+        reads,
         // SAFETY: `dst` is exclusively borrowed until we return, and every
-        // request started is waited for below before we do.
-        match unsafe { com.read_nb(*src, dst.as_mut_ptr(), dst.len()) } {
-            Ok(r) => reqs.push(r),
-            Err(e) => {
-                first_err = Some(e);
-                break;
-            }
-        }
-    }
-    for r in reqs {
-        if let Err(e) = r.wait() {
-            first_err.get_or_insert(e);
-        }
-    }
-    first_err.map_or(Ok(()), Err)
+        // request started is waited for before we do.
+        |(src, dst)| unsafe { com.read_nb(*src, dst.as_mut_ptr(), dst.len()) },
+        |_, _| {},
+    )
 }

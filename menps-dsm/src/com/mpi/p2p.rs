@@ -12,7 +12,7 @@
 //! sends buffered in effect: two processes sending big messages to each
 //! other before receiving do not deadlock.
 
-use std::os::raw::{c_int, c_void};
+use std::os::raw::c_int;
 use std::sync::Mutex;
 
 use ::mpi::ffi;
@@ -64,20 +64,9 @@ impl<U: UltItf> Mailbox for MpiCom<U> {
         let mut buf = Vec::with_capacity(data.len() + TRAILER);
         buf.extend_from_slice(data);
         buf.extend_from_slice(&tag.to_le_bytes());
-        let mut req = raw::request_null();
         // SAFETY: `buf` is owned here and outlives the request (kept until it
         // completes, or leaked if we give up); valid communicator and rank.
-        raw::check("MPI_Isend", unsafe {
-            ffi::MPI_Isend(
-                buf.as_ptr().cast::<c_void>(),
-                buf.len() as c_int,
-                raw::byte(),
-                to as c_int,
-                TAG_MSG,
-                self.comms.p2p.0,
-                &mut req,
-            )
-        })?;
+        let mut req = unsafe { raw::isend(&buf, to as c_int, TAG_MSG, self.comms.p2p.0) }?;
         let r = self.wait_until(Watch::Rank(to), || {
             // SAFETY: `req` is active and `buf` alive.
             if unsafe { raw::test(&mut req) }? {

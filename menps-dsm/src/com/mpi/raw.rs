@@ -237,6 +237,60 @@ pub(crate) unsafe fn rget(
     Ok(req)
 }
 
+/// Starts `MPI_Isend` of `buf` (at most `int` bytes) to `to` with `tag`.
+///
+/// # Safety
+/// `buf` must stay valid and unwritten until the request completes (or be
+/// leaked); `comm` a valid communicator and `to` a rank of it.
+pub(crate) unsafe fn isend(
+    buf: &[u8],
+    to: c_int,
+    tag: c_int,
+    comm: ffi::MPI_Comm,
+) -> Result<ffi::MPI_Request> {
+    let mut req = request_null();
+    // SAFETY: per the contract.
+    check("MPI_Isend", unsafe {
+        ffi::MPI_Isend(
+            buf.as_ptr().cast::<c_void>(),
+            buf.len() as c_int,
+            byte(),
+            to,
+            tag,
+            comm,
+            &mut req,
+        )
+    })?;
+    Ok(req)
+}
+
+/// Starts `MPI_Irecv` into `buf` (at most `int` bytes) from `from` with `tag`.
+///
+/// # Safety
+/// `buf` must stay valid and otherwise unused until the request completes
+/// (or be leaked); `comm` a valid communicator and `from` a rank of it.
+pub(crate) unsafe fn irecv(
+    buf: &mut [u8],
+    from: c_int,
+    tag: c_int,
+    comm: ffi::MPI_Comm,
+) -> Result<ffi::MPI_Request> {
+    let mut req = request_null();
+    // SAFETY: per the contract.
+    check("MPI_Irecv", unsafe {
+        ffi::MPI_Irecv(
+            buf.as_mut_ptr().cast::<c_void>(),
+            buf.len() as c_int,
+            byte(),
+            from,
+            tag,
+            comm,
+            &mut req,
+        )
+    })?;
+    Ok(req)
+}
+
 /// Runs `piece(done, n)` over `len` bytes in pieces of at most
 /// [`MAX_COUNT`] (`done` bytes before each piece of `n`).
 fn in_pieces(len: usize, mut piece: impl FnMut(usize, usize) -> Result<()>) -> Result<()> {

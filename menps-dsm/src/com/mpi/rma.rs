@@ -179,18 +179,12 @@ impl<U: UltItf> MpiCom<U> {
         let mut off = 0;
         while off < len {
             let piece = (len - off).min(served::MAX_PIECE);
-            let h = served::Header {
-                op: if dst.is_some() {
-                    served::Op::Read
-                } else {
-                    served::Op::Write
-                },
-                reply_tag: 0,
-                at: p.add(off as u64),
-                len: piece as u64,
-                a: 0,
-                b: 0,
+            let op = if dst.is_some() {
+                served::Op::Read
+            } else {
+                served::Op::Write
             };
+            let h = served::Header::transfer(op, p.add(off as u64), piece);
             // SAFETY: per the contract, the pieces lie inside the caller's
             // buffers.
             let (data, out): (&[u8], &mut [u8]) = unsafe {
@@ -216,14 +210,7 @@ impl<U: UltItf> MpiCom<U> {
         b: u64,
     ) -> Result<Request<U>> {
         self.atomic_target(p)?;
-        let h = served::Header {
-            op,
-            reply_tag: 0,
-            at: p,
-            len: 8,
-            a,
-            b,
-        };
+        let h = served::Header::atomic(op, p, a, b);
         Ok(Request::ready(self.served_op(s, h, &[], &mut [])))
     }
 
@@ -301,14 +288,7 @@ impl<U: UltItf> Rma for MpiCom<U> {
         let mut served: Vec<served::ServedOp<'_>> = ops
             .iter()
             .map(|op| {
-                let h = served::Header {
-                    op: served::Op::Cas,
-                    reply_tag: 0,
-                    at: op.target,
-                    len: 8,
-                    a: op.expected,
-                    b: op.new,
-                };
+                let h = served::Header::atomic(served::Op::Cas, op.target, op.expected, op.new);
                 served::ServedOp::new(h, &[], &mut [])
             })
             .collect();
@@ -331,14 +311,8 @@ impl<U: UltItf> Rma for MpiCom<U> {
         let mut served = Vec::with_capacity(reads.len());
         for (src, dst) in reads.iter_mut() {
             for (k, piece) in dst.chunks_mut(served::MAX_PIECE).enumerate() {
-                let h = served::Header {
-                    op: served::Op::Read,
-                    reply_tag: 0,
-                    at: src.add((k * served::MAX_PIECE) as u64),
-                    len: piece.len() as u64,
-                    a: 0,
-                    b: 0,
-                };
+                let at = src.add((k * served::MAX_PIECE) as u64);
+                let h = served::Header::transfer(served::Op::Read, at, piece.len());
                 served.push(served::ServedOp::new(h, &[], piece));
             }
         }

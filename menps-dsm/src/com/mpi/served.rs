@@ -160,6 +160,30 @@ pub(crate) struct Header {
 }
 
 impl Header {
+    /// A read or write of `len` bytes at `at` (its reply tag set when sent).
+    pub(crate) fn transfer(op: Op, at: RemotePtr, len: usize) -> Header {
+        Header {
+            op,
+            reply_tag: 0,
+            at,
+            len: len as u64,
+            a: 0,
+            b: 0,
+        }
+    }
+
+    /// An atomic on the word at `at` with operands `a`, `b`.
+    pub(crate) fn atomic(op: Op, at: RemotePtr, a: u64, b: u64) -> Header {
+        Header {
+            op,
+            reply_tag: 0,
+            at,
+            len: 8,
+            a,
+            b,
+        }
+    }
+
     /// Serialized: op, reply tag (u32 each), the pointer (16 bytes), length
     /// and the two operands (u64 each), little-endian.
     pub(crate) fn encode(&self) -> [u8; HEADER] {
@@ -613,38 +637,22 @@ impl<U: UltItf> MpiCom<U> {
             // SAFETY: `f.reply` is a heap buffer that stays where it is
             // until the receive completes (or is leaked below); valid
             // communicator and rank.
-            let r = raw::check("MPI_Irecv", unsafe {
-                ffi::MPI_Irecv(
-                    f.reply.as_mut_ptr().cast::<c_void>(),
-                    f.reply.len() as c_int,
-                    raw::byte(),
-                    to,
-                    reply_tag as c_int,
-                    s.comm(),
-                    &mut f.rreq,
-                )
-            });
-            if let Err(e) = r {
-                posted = Err(e);
-                break;
+            match unsafe { raw::irecv(&mut f.reply, to, reply_tag as c_int, s.comm()) } {
+                Ok(r) => f.rreq = r,
+                Err(e) => {
+                    posted = Err(e);
+                    break;
+                }
             }
             // SAFETY: as above, for `f.msg`.
-            let r = raw::check("MPI_Isend", unsafe {
-                ffi::MPI_Isend(
-                    f.msg.as_ptr().cast::<c_void>(),
-                    f.msg.len() as c_int,
-                    raw::byte(),
-                    to,
-                    TAG_REQUEST,
-                    s.comm(),
-                    &mut f.sreq,
-                )
-            });
-            if let Err(e) = r {
-                // The receive stays posted: MPI may still write `f.reply`.
-                std::mem::forget(f);
-                posted = Err(e);
-                break;
+            match unsafe { raw::isend(&f.msg, to, TAG_REQUEST, s.comm()) } {
+                Ok(r) => f.sreq = r,
+                Err(e) => {
+                    // The receive stays posted: MPI may still write `f.reply`.
+                    std::mem::forget(f);
+                    posted = Err(e);
+                    break;
+                }
             }
             flights.push(f);
         }
