@@ -199,6 +199,13 @@ impl<U: UltItf> Rma for AnyCom<U> {
     fn read_all(&self, reads: &mut [(RemotePtr, &mut [u8])]) -> Result<()> {
         dispatch!(self, c => c.read_all(reads))
     }
+    fn compare_and_swap_then_read_all(
+        &self,
+        ops: &mut [CasOp],
+        reads: &mut [(RemotePtr, &mut [u8])],
+    ) -> Result<()> {
+        dispatch!(self, c => c.compare_and_swap_then_read_all(ops, reads))
+    }
 }
 
 impl<U: UltItf> P2p for AnyCom<U> {

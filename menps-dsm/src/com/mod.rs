@@ -229,6 +229,27 @@ pub trait Rma: Comm {
     fn read_all(&self, reads: &mut [(RemotePtr, &mut [u8])]) -> Result<()> {
         batch::read_all_nb(self, reads)
     }
+
+    /// Compare-and-swaps, then reads, as one batch: every read is performed
+    /// after every compare-and-swap of the batch to the same process, so a
+    /// read can fetch what a lock taken by one of the swaps protects — in
+    /// the same round trip on the served mpi backend (one request per
+    /// process carries both). The others do [`Self::compare_and_swap_all`]
+    /// and then [`Self::read_all`]. Reads whose data turns out not to be
+    /// wanted (their swap failed) are the caller's to ignore.
+    fn compare_and_swap_then_read_all(
+        &self,
+        ops: &mut [CasOp],
+        reads: &mut [(RemotePtr, &mut [u8])],
+    ) -> Result<()> {
+        if let ([op], [(src, dst)]) = (&mut *ops, &mut *reads) {
+            // One of each (a lock and its data): the blocking forms.
+            op.old = self.compare_and_swap(op.target, op.expected, op.new)?;
+            return self.read(*src, dst);
+        }
+        self.compare_and_swap_all(ops)?;
+        self.read_all(reads)
+    }
 }
 
 /// Source selector of a receive.

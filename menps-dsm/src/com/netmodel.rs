@@ -793,6 +793,36 @@ impl<C: Rma<Request = Request<U>>, U: UltItf> Rma for NetCom<C, U> {
         self.wait_until(last);
         Ok(())
     }
+
+    /// As [`Self::compare_and_swap_all`], for the swaps and the reads
+    /// together: a read goes out with the swaps to its process (one round
+    /// trip for both, as on the served mpi backend).
+    fn compare_and_swap_then_read_all(
+        &self,
+        ops: &mut [CasOp],
+        reads: &mut [(RemotePtr, &mut [u8])],
+    ) -> Result<()> {
+        let mut last = 0;
+        for op in ops.iter() {
+            if self.remote(op.target.rank()) {
+                last = last.max(self.atomic_deadline());
+                add(&self.counters.atomics, 1);
+            } else {
+                self.count_local();
+            }
+        }
+        for (src, dst) in reads.iter() {
+            if self.remote(src.rank()) {
+                last = last.max(self.read_deadline(dst.len()));
+                self.count_read(dst.len());
+            } else {
+                self.count_local();
+            }
+        }
+        self.inner.compare_and_swap_then_read_all(ops, reads)?;
+        self.wait_until(last);
+        Ok(())
+    }
 }
 
 impl<C: P2p, U: UltItf> NetCom<C, U> {

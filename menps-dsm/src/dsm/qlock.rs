@@ -95,6 +95,41 @@ const LOOP_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Takes the lock.
 pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Granted> {
+    lock_inner(com, site, None)
+}
+
+/// Where a lock's LAD is read from with the swap that takes the lock
+/// ([`lock_reading`]): the slot at a holder, and the buffer.
+pub(crate) struct LadRead<'a> {
+    /// The LAD slot at the given process.
+    pub at: &'a dyn Fn(usize) -> RemotePtr,
+    /// Where the LAD goes.
+    pub buf: &'a mut [u8],
+}
+
+/// Takes the lock as [`lock`] does, and when it is taken from a free owner
+/// (`Granted::FromOwner(p)`) reads its LAD at `p` into `lad.buf` in the
+/// same batch as the swap that took it
+/// ([`Rma::compare_and_swap_then_read_all`](crate::com::Rma::compare_and_swap_then_read_all),
+/// one round trip on the served mpi backend instead of two). The read
+/// follows the swap at `p`, so it sees the LAD the lock protects; reads
+/// beside swaps that failed are ignored (an empty hand-off, which leaves the
+/// LAD at the previous holder, reads it there: also `FromOwner`). The other
+/// grants leave `lad.buf` as it was: the LAD is local, or came with the
+/// hand-off.
+pub(crate) fn lock_reading<C: Communicator>(
+    com: &C,
+    site: &LockSite,
+    lad: LadRead<'_>,
+) -> DsmResult<Granted> {
+    lock_inner(com, site, Some(lad))
+}
+
+fn lock_inner<C: Communicator>(
+    com: &C,
+    site: &LockSite,
+    mut lad: Option<LadRead<'_>>,
+) -> DsmResult<Granted> {
     let me = com.rank();
     let mine = site.word(me);
     let mut raw = com.atomic_load(mine)?;
@@ -150,20 +185,31 @@ pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Grant
         }
         let target = site.word(p);
         let owned = site.owned_raw(p);
-        let old = com.compare_and_swap(target, owned, link_raw(me))?;
+        let old = match &mut lad {
+            None => com.compare_and_swap(target, owned, link_raw(me))?,
+            Some(l) => {
+                let mut ops = [CasOp::new(target, owned, link_raw(me))];
+                let mut reads = [((l.at)(p), &mut *l.buf)];
+                com.compare_and_swap_then_read_all(&mut ops, &mut reads)?;
+                ops[0].old
+            }
+        };
         if old == owned {
             return Ok(Granted::FromOwner(p));
         }
         let old = if old == RAW_LOCKED {
             let o = com.compare_and_swap(target, RAW_LOCKED, link_raw(me))?;
             if o == RAW_LOCKED {
-                let (_, lad) = com.recv(Source::Rank(p), site.tag)?;
+                let (_, bytes) = com.recv(Source::Rank(p), site.tag)?;
                 // An empty hand-off: the LAD was too large for a message and
                 // waits in the previous holder's slot.
-                return Ok(if lad.is_empty() {
+                return Ok(if bytes.is_empty() {
+                    if let Some(l) = &mut lad {
+                        com.read((l.at)(p), l.buf)?;
+                    }
                     Granted::FromOwner(p)
                 } else {
-                    Granted::HandOff(p, lad)
+                    Granted::HandOff(p, bytes)
                 });
             }
             o
@@ -187,12 +233,15 @@ pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Grant
 
 /// Takes, without waiting, those of the locks of `sites` that are free —
 /// here, or at the process this one's word names as the probable owner —
-/// with the compare-and-swaps at the probable owners in flight together
-/// ([`Rma::compare_and_swap_all`](crate::com::Rma::compare_and_swap_all)):
-/// for a run of blocks last written by one process, one round trip. A lock
-/// that is held, or has moved on from the probable owner, is not waited
-/// for (`None`): a caller that can do without it — a prefetch — passes its
-/// block over, and nothing of it changed.
+/// with the compare-and-swaps at the probable owners in flight together,
+/// and reads the lock-associated data of each lock taken into `lads` (one
+/// buffer per site; `lad_at(site, holder)` says where it is) in the same
+/// batch ([`Rma::compare_and_swap_then_read_all`](crate::com::Rma::compare_and_swap_then_read_all)):
+/// for a run of blocks last written by one process, one round trip for
+/// the locks and their LADs together. A lock that is held, or has moved on
+/// from the probable owner, is not waited for (`None`, and its buffer holds
+/// nothing meaningful): a caller that can do without it — a prefetch —
+/// passes its block over, and nothing of it changed.
 ///
 /// The swap at the owner comes first, and this process's own word becomes
 /// `LOCKED` after: a try that fails then leaves no trace (marked `LOCKED`
@@ -200,16 +249,21 @@ pub(crate) fn lock<C: Communicator>(com: &C, site: &LockSite) -> DsmResult<Grant
 /// a hand-off). A chase that reaches our word in between follows its stale
 /// link back to the owner, whose word now links to us, until we are
 /// marked; only this process changes its word away from a link, so the
-/// marking cannot fail.
+/// marking cannot fail. A LAD read at the owner is performed after our swap
+/// there, so it is the one the lock now protects.
 pub(crate) fn try_lock_all<C: Communicator>(
     com: &C,
     sites: &[LockSite],
+    lads: &mut [&mut [u8]],
+    lad_at: impl Fn(usize, usize) -> RemotePtr,
 ) -> DsmResult<Vec<Option<Granted>>> {
+    debug_assert_eq!(sites.len(), lads.len());
     let me = com.rank();
     let mut granted: Vec<Option<Granted>> = sites.iter().map(|_| None).collect();
     // (site, our word's raw value, probable owner) of each remote attempt.
     let mut remote = Vec::new();
     let mut ops = Vec::new();
+    let mut holders = Vec::with_capacity(sites.len());
     for (i, site) in sites.iter().enumerate() {
         let mine = site.word(me);
         let raw = com.atomic_load(mine)?;
@@ -218,11 +272,15 @@ pub(crate) fn try_lock_all<C: Communicator>(
                 // A chase may have taken it from us since the load.
                 if com.compare_and_swap(mine, raw, RAW_LOCKED)? == raw {
                     granted[i] = Some(Granted::Local);
+                    holders.push(Some(me));
+                } else {
+                    holders.push(None);
                 }
             }
             Word::Link(p) if p != me => {
                 remote.push((i, raw, p));
                 ops.push(CasOp::new(site.word(p), site.owned_raw(p), link_raw(me)));
+                holders.push(Some(p));
             }
             other => {
                 return Err(DsmError::Misuse(format!(
@@ -233,7 +291,14 @@ pub(crate) fn try_lock_all<C: Communicator>(
             }
         }
     }
-    com.compare_and_swap_all(&mut ops)?;
+    let mut reads: Vec<(RemotePtr, &mut [u8])> = holders
+        .iter()
+        .zip(lads.iter_mut())
+        .enumerate()
+        .filter_map(|(i, (h, buf))| h.map(|p| (lad_at(i, p), &mut **buf)))
+        .collect();
+    com.compare_and_swap_then_read_all(&mut ops, &mut reads)?;
+    drop(reads);
     for ((i, raw, p), op) in remote.into_iter().zip(&ops) {
         if !op.swapped() {
             continue;

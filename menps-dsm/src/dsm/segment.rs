@@ -267,8 +267,8 @@ pub(crate) struct SeqDetector {
 /// bytes (rounded down to whole blocks, at least one; at most the cap,
 /// `MENPS_DSM_PREFETCH`, whose default it equals): two misses in a row
 /// already make a run worth the whole window. Across hosts every miss costs
-/// a fault and three round trips (some 300 µs over TCP), more than moving
-/// 256 KiB; starting at 32 KiB and doubling, a 1 MiB read of 32 KiB blocks
+/// a fault and two round trips (some 200–300 µs over TCP; it was three when
+/// this was measured), more than moving 256 KiB; starting at 32 KiB and doubling, a 1 MiB read of 32 KiB blocks
 /// across 2 simulated hosts moved 190–250 MB/s, starting here 370 MB/s. A
 /// pair of neighbouring misses that is no run costs at most this much
 /// extra transfer.

@@ -229,7 +229,7 @@ fn rma_batches<C: Communicator>(com: &C, win: WindowId, local: &LocalWindow) {
     // SAFETY: nobody accesses our window between the barriers around this.
     unsafe {
         local.as_mut_slice()[..(1 << 20) + BIG].copy_from_slice(&data(me));
-        local.as_mut_slice()[WORDS as usize..WORDS as usize + 16 * n].fill(0);
+        local.as_mut_slice()[WORDS as usize..WORDS as usize + 24 * n].fill(0);
     }
     com.barrier().unwrap();
     let ranges: Vec<(usize, usize, usize)> = (0..n)
@@ -283,6 +283,38 @@ fn rma_batches<C: Communicator>(com: &C, win: WindowId, local: &LocalWindow) {
         };
         assert_eq!(at(r), r as u64 + 1, "rank {me}: word {r} after the batches");
         assert_eq!(at(n + r), 0, "rank {me}: word {} after the batches", n + r);
+    }
+    // Swaps, then reads in the same batch: every read sees the swap to its
+    // process, also across requests (a read too large to share the swap's).
+    let word = WORDS + 8 * (2 * n + me) as u64;
+    let mut ops: Vec<CasOp> = (0..n)
+        .map(|r| CasOp::new(win.at(r, word), 0, me as u64 + 10))
+        .collect();
+    let mut words = vec![[0u8; 8]; n];
+    let mut bigs: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; BIG]).collect();
+    let mut reads: Vec<(RemotePtr, &mut [u8])> = Vec::new();
+    for (r, (w, b)) in words.iter_mut().zip(bigs.iter_mut()).enumerate() {
+        reads.push((win.at(r, 1 << 20), &mut b[..]));
+        reads.push((win.at(r, word), &mut w[..]));
+    }
+    com.compare_and_swap_then_read_all(&mut ops, &mut reads)
+        .unwrap();
+    drop(reads);
+    for r in 0..n {
+        assert!(
+            ops[r].swapped(),
+            "rank {me}: swap at rank {r} found {}",
+            ops[r].old
+        );
+        assert_eq!(
+            u64::from_le_bytes(words[r]),
+            me as u64 + 10,
+            "rank {me}: the read behind the swap at rank {r} did not see it"
+        );
+        assert!(
+            bigs[r][..] == data(r)[1 << 20..(1 << 20) + BIG],
+            "rank {me}: the large read of rank {r} in the batch is wrong"
+        );
     }
     // Misuse: the batch fails as its first bad operation would alone.
     let size = local.len();

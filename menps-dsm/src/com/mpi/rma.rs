@@ -319,6 +319,47 @@ impl<U: UltItf> Rma for MpiCom<U> {
         self.served_many(s, &mut served)
     }
 
+    /// Served: the swaps and then the reads, each process's in one
+    /// request where they fit (its operations are applied in order, and
+    /// requests from one process are served in the order sent), all in
+    /// flight together.
+    fn compare_and_swap_then_read_all(
+        &self,
+        ops: &mut [CasOp],
+        reads: &mut [(RemotePtr, &mut [u8])],
+    ) -> Result<()> {
+        let Some(s) = &self.server else {
+            self.compare_and_swap_all(ops)?;
+            return self.read_all(reads);
+        };
+        for op in ops.iter() {
+            self.atomic_target(op.target)?;
+        }
+        for (src, dst) in reads.iter() {
+            self.windows.resolve(*src, dst.len(), self.size)?;
+        }
+        let mut served: Vec<served::ServedOp<'_>> = ops
+            .iter()
+            .map(|op| {
+                let h = served::Header::atomic(served::Op::Cas, op.target, op.expected, op.new);
+                served::ServedOp::new(h, &[], &mut [])
+            })
+            .collect();
+        let swaps = served.len();
+        for (src, dst) in reads.iter_mut() {
+            for (k, piece) in dst.chunks_mut(served::MAX_PIECE).enumerate() {
+                let at = src.add((k * served::MAX_PIECE) as u64);
+                let h = served::Header::transfer(served::Op::Read, at, piece.len());
+                served.push(served::ServedOp::new(h, &[], piece));
+            }
+        }
+        self.served_many(s, &mut served)?;
+        for (op, done) in ops.iter_mut().zip(&served[..swaps]) {
+            op.old = done.old;
+        }
+        Ok(())
+    }
+
     fn flush(&self, rank: usize) -> Result<()> {
         check::rank(rank, self.size)?;
         self.drain_offloaded()?;

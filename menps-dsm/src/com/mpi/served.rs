@@ -33,11 +33,15 @@
 //!   performs it on its part of the window and sends the reply
 //!   (`MPI_Send`: the reply's receive is posted already).
 //! - **Batches** ([`Rma::compare_and_swap_all`](crate::com::Rma::compare_and_swap_all),
-//!   [`Rma::read_all`](crate::com::Rma::read_all)): every request of a batch
-//!   is in flight at once, and the reads and atomics to one process travel
-//!   in one *multi* request (its header, then theirs) whose reply is theirs
-//!   one after the other — serving a request costs the target several MPI
-//!   calls, so eight lock words cost it one request, not eight.
+//!   [`Rma::read_all`](crate::com::Rma::read_all),
+//!   [`Rma::compare_and_swap_then_read_all`](crate::com::Rma::compare_and_swap_then_read_all)):
+//!   every request of a batch is in flight at once, and the reads and
+//!   atomics to one process travel in one *multi* request (its header, then
+//!   theirs) whose reply is theirs one after the other — serving a request
+//!   costs the target several MPI calls, so eight lock words cost it one
+//!   request, not eight. The target performs a multi request's operations in
+//!   order, and one process's requests in the order they were sent, so a
+//!   read behind a swap in a batch sees it.
 //! - **Operations on the own window** run here, without messages; they
 //!   serve the requests that have arrived first, but only if nobody has for
 //!   20 µs (a serve polls MPI, about 15 µs over TCP, and a transaction makes

@@ -10,7 +10,7 @@ use core::cmp::Reverse;
 use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::collections::BinaryHeap;
 
-use ct_sync::Mutex;
+use ct_sync::{Mutex, MutexGuard};
 use ct_worker::UltItf;
 
 use crate::com::{Communicator, Tag, WindowId};
@@ -672,17 +672,32 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if m.state.readable() {
             return Ok(());
         }
+        let cap = self.prefetch_cap(seg);
+        let ahead = if cap > 0 {
+            let first = PREFETCH_FIRST_BYTES / seg.block_size;
+            seg.seq.on_miss(idx, first, cap, seg.nblocks - idx - 1)
+        } else {
+            0
+        };
+        // A clean copy to replace under the floating policy, with blocks to
+        // fetch ahead: the block goes with them through the batched path —
+        // its lock and LAD with theirs in one round trip, its data with
+        // theirs in one read per run. (Alone, the plain transaction costs
+        // as many round trips and less bookkeeping.)
+        if ahead > 0
+            && m.state == BlockState::InvalidClean
+            && self.cfg.writer == WriterPolicy::Floating
+            && self.miss_needs_transaction(seg, idx, &m)
+        {
+            let r = self.prefetch(seg, idx, ahead, Some(m));
+            return self.guard(r);
+        }
         let r = self.read_upgrade(seg, idx, &mut m, false);
         drop(m);
         self.guard(r)?;
-        let cap = self.prefetch_cap(seg);
-        if cap > 0 {
-            let first = PREFETCH_FIRST_BYTES / seg.block_size;
-            let ahead = seg.seq.on_miss(idx, first, cap, seg.nblocks - idx - 1);
-            if ahead > 0 {
-                let r = self.prefetch(seg, idx, ahead);
-                self.guard(r)?;
-            }
+        if ahead > 0 {
+            let r = self.prefetch(seg, idx, ahead, None);
+            self.guard(r)?;
         }
         Ok(())
     }
@@ -708,8 +723,21 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// the first busy entry (another thread is resolving that block). The
     /// entries stay locked until the protection is set, so an invalidation
     /// cannot come in between.
-    fn prefetch(&self, seg: &Segment<U>, idx: usize, ahead: usize) -> DsmResult<()> {
-        let mut held = Vec::with_capacity(ahead);
+    ///
+    /// With `demand` (the missed block's own entry, clean and invalid), the
+    /// missed block is read in the same batch, first.
+    fn prefetch<'s>(
+        &self,
+        seg: &'s Segment<U>,
+        idx: usize,
+        ahead: usize,
+        demand: Option<MutexGuard<'s, BlockMeta, U>>,
+    ) -> DsmResult<()> {
+        let mut held = Vec::with_capacity(ahead + 1);
+        let demanded = demand.is_some();
+        if let Some(m) = demand {
+            held.push((idx, m));
+        }
         let mut scanned = 0;
         for j in idx + 1..=idx + ahead {
             let Some(m) = seg.entry(j).try_lock() else {
@@ -750,7 +778,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         drop(clean);
         self.stats
             .prefetched
-            .fetch_add(held.len(), Ordering::Relaxed);
+            .fetch_add(held.len() - usize::from(demanded), Ordering::Relaxed);
         // One `mprotect` per contiguous run.
         let mut k = 0;
         while k < held.len() {
@@ -881,6 +909,28 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Makes an invalid block readable. With `for_write` the caller makes it
     /// writable right after, so the application view's protection is left
     /// to it (one `mprotect` instead of two).
+    /// Whether a read miss on block `idx` (invalid) needs a transaction:
+    /// unless the master copy is here (a fixed home), or the block's lease
+    /// is still valid and our copy — or, under fast read, the version its
+    /// write notice named — is the latest.
+    fn miss_needs_transaction(&self, seg: &Segment<U>, idx: usize, m: &BlockMeta) -> bool {
+        if self.is_fixed_home(seg, idx) {
+            return false;
+        }
+        if m.force_tx {
+            return true;
+        }
+        match self.cfg.invalidation {
+            InvalidationPolicy::Directory => true,
+            _ => {
+                let lease_valid = m.cur_rd >= self.acq_ts.load(Ordering::Acquire);
+                let home = m.home as usize;
+                !(lease_valid
+                    && (home == 0 || home - 1 == self.rank || self.cfg.fast_read_active()))
+            }
+        }
+    }
+
     fn read_upgrade(
         &self,
         seg: &Segment<U>,
@@ -890,23 +940,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     ) -> DsmResult<()> {
         debug_assert!(!m.state.readable());
         let dirty = m.state == BlockState::InvalidDirty;
-        let local_ok = if self.is_fixed_home(seg, idx) {
-            // The master copy is here and always current.
-            true
-        } else if m.force_tx {
-            false
-        } else {
-            match self.cfg.invalidation {
-                InvalidationPolicy::Directory => false,
-                _ => {
-                    let lease_valid = m.cur_rd >= self.acq_ts.load(Ordering::Acquire);
-                    let home = m.home as usize;
-                    lease_valid
-                        && (home == 0 || home - 1 == self.rank || self.cfg.fast_read_active())
-                }
-            }
-        };
-        if !local_ok {
+        if self.miss_needs_transaction(seg, idx, m) {
             self.transaction(seg, idx, m, TxKind::Read)?;
             return Ok(());
         }

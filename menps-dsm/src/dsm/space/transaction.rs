@@ -32,9 +32,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         match self.cfg.writer {
             WriterPolicy::Floating => {
                 let site = self.block_site(seg, idx);
-                match qlock::lock(&self.com, &site)? {
+                let slot = seg.meta_off(idx) + LAD_OFF as u64;
+                let at = |p: usize| seg.meta_win.at(p, slot);
+                let mut buf = [0u8; Lad::BYTES];
+                let lad = qlock::LadRead {
+                    at: &at,
+                    buf: &mut buf,
+                };
+                match qlock::lock_reading(&self.com, &site, lad)? {
                     Granted::Local => self.read_lad(seg.meta_win, self.rank, seg.meta_off(idx)),
-                    Granted::FromOwner(p) => self.read_lad(seg.meta_win, p, seg.meta_off(idx)),
+                    Granted::FromOwner(_) => Lad::from_bytes(&buf),
                     Granted::HandOff(_, bytes) => Lad::from_bytes(&bytes),
                 }
             }
@@ -142,8 +149,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Takes the global locks of `blocks` (ascending) for a prefetch;
     /// returns their LADs. Under the floating policy the locks are first
     /// tried all at once ([`qlock::try_lock_all`]: the swaps at the
-    /// probable owners and then the LADs' reads each in flight together),
-    /// so a run last written by one process costs two round trips however
+    /// probable owners and the LADs' reads behind them in flight together),
+    /// so a run last written by one process costs one round trip however
     /// long it is. From the first lock that is busy or has moved on, they
     /// are taken one after the other as a miss takes them (waiting, and
     /// following the lock): the ones tried and taken after it are given back
@@ -155,23 +162,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             return blocks.iter().map(|&j| self.lock_block(seg, j)).collect();
         }
         let sites: Vec<_> = blocks.iter().map(|&j| self.block_site(seg, j)).collect();
-        let granted = qlock::try_lock_all(&self.com, &sites)?;
         let mut bufs = vec![[0u8; Lad::BYTES]; blocks.len()];
-        let mut reads = Vec::with_capacity(blocks.len());
-        for ((&j, g), buf) in blocks.iter().zip(&granted).zip(bufs.iter_mut()) {
-            let holder = match g {
-                None => continue,
-                Some(Granted::Local) => self.rank,
-                Some(Granted::FromOwner(p)) => *p,
-                Some(Granted::HandOff(..)) => {
-                    unreachable!("a tried lock is never handed over")
-                }
-            };
-            let at = seg.meta_win.at(holder, seg.meta_off(j) + LAD_OFF as u64);
-            reads.push((at, &mut buf[..]));
-        }
-        self.com.read_all(&mut reads)?;
-        drop(reads);
+        let mut lad_bufs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+        let granted = qlock::try_lock_all(&self.com, &sites, &mut lad_bufs, |k, holder| {
+            seg.meta_win
+                .at(holder, seg.meta_off(blocks[k]) + LAD_OFF as u64)
+        })?;
+        drop(lad_bufs);
         let busy = granted
             .iter()
             .position(Option::is_none)
