@@ -82,6 +82,14 @@ pub struct Signature {
 /// Bytes of the serialized header (minimum write timestamp and count).
 pub const HEADER_BYTES: usize = 16;
 
+impl Default for Signature {
+    /// An empty signature that keeps no notices (only a minimum write
+    /// timestamp) until [`Signature::reset`] gives it a capacity.
+    fn default() -> Self {
+        Signature::new(0)
+    }
+}
+
 impl Signature {
     /// An empty signature keeping at most `capacity` notices.
     pub fn new(capacity: usize) -> Self {
@@ -203,6 +211,42 @@ impl Signature {
         (u(0), u(8) as usize)
     }
 
+    /// Empties the signature, which then keeps at most `capacity` notices
+    /// (its buffer stays).
+    pub fn reset(&mut self, capacity: usize) {
+        self.min_wr_ts = 0;
+        self.wns.clear();
+        self.capacity = capacity;
+        self.dirty = false;
+    }
+
+    /// Replaces the signature with the serialized one `b` (with capacity
+    /// `capacity`), reusing its buffer; returns `false` (and leaves it
+    /// empty) if the bytes are not a signature.
+    pub fn read_bytes(&mut self, b: &[u8], capacity: usize) -> bool {
+        self.reset(capacity);
+        if b.len() < HEADER_BYTES {
+            return false;
+        }
+        let (min_wr_ts, n) = Self::parse_header(b);
+        let Some(need) = n
+            .checked_mul(WriteNotice::BYTES)
+            .and_then(|x| x.checked_add(HEADER_BYTES))
+        else {
+            return false;
+        };
+        if b.len() < need {
+            return false;
+        }
+        self.wns.extend((0..n).map(|i| {
+            let at = HEADER_BYTES + i * WriteNotice::BYTES;
+            WriteNotice::read_from(&b[at..at + WriteNotice::BYTES])
+        }));
+        self.min_wr_ts = min_wr_ts;
+        self.dirty = true;
+        true
+    }
+
     /// Parses a serialized signature (with capacity `capacity`). Returns
     /// `None` if the bytes are not a signature.
     pub fn from_bytes(b: &[u8], capacity: usize) -> Option<Self> {
@@ -288,6 +332,22 @@ mod tests {
         assert_eq!(t.notices(), s.notices());
         assert_eq!(t.min_wr_ts(), 3);
         assert!(Signature::from_bytes(&bytes[..20], 16).is_none());
+        // Into a reused signature: the old notices go.
+        let mut r = Signature::new(16);
+        r.push(WriteNotice::new(B + 3 * 8192, 1, 2, 3));
+        assert!(r.read_bytes(&bytes, 16));
+        assert_eq!(r.notices(), s.notices());
+        assert_eq!(r.min_wr_ts(), 3);
+        assert!(!r.read_bytes(&bytes[..20], 16));
+        assert!(r.notices().is_empty(), "a refused record leaves it empty");
+        // A count that overflows is refused, not trusted.
+        let mut huge = bytes.clone();
+        huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(!r.read_bytes(&huge, 16));
+        // Serialized straight into a record.
+        let mut rec = [0u8; 256];
+        let n = s.clone().serialize_into(&mut rec);
+        assert_eq!(&rec[..n], &bytes[..]);
     }
 
     #[test]

@@ -51,6 +51,21 @@ const BARRIER_RECORD_BYTES: usize = HEADER_BYTES + BARRIER_INLINE_NOTICES * Writ
 /// Racing words the job remembers as reported (more are reported again).
 const RACE_SLOTS: usize = 1024;
 
+/// A process's barrier state: the epoch, and buffers kept from one barrier
+/// to the next (a barrier storm would otherwise allocate several per
+/// episode).
+#[derive(Default)]
+struct BarrierState {
+    /// Barriers this process has passed.
+    epoch: u64,
+    /// Every process's record of the current barrier.
+    records: Vec<u8>,
+    /// An empty signature, to become the next release signature.
+    spare: Signature,
+    /// A peer's signature, as parsed from its record.
+    peer: Signature,
+}
+
 /// Windows and local state of the synchronisation objects.
 pub(crate) struct SyncState<U: UltItf> {
     /// Barrier signature slots: two per process.
@@ -72,8 +87,9 @@ pub(crate) struct SyncState<U: UltItf> {
     max_mutexes: usize,
     /// Serialises the threads of this process per mutex / sync slot.
     local: Box<[RawMutex<U>]>,
-    /// Barrier epoch (and serialisation of barriers in this process).
-    epoch: Mutex<u64, U>,
+    /// Barrier epoch and buffers (and serialisation of barriers in this
+    /// process).
+    barrier: Mutex<BarrierState, U>,
     /// Flush slots: per process a sequence word, then a signature.
     flush_win: WindowId,
     /// At rank 0: the words whose race was reported (open addressing,
@@ -123,7 +139,7 @@ impl<U: UltItf> SyncState<U> {
             mutex_slot,
             max_mutexes,
             local: (0..total).map(|_| RawMutex::new()).collect(),
-            epoch: Mutex::new_in(0),
+            barrier: Mutex::new_in(BarrierState::default()),
         })
     }
 }
@@ -183,7 +199,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     fn barrier_inner(&self) -> DsmResult<()> {
         let s = self.sync();
-        let mut epoch = s.epoch.lock();
+        let mut st = s.barrier.lock();
+        let BarrierState {
+            epoch,
+            records,
+            spare,
+            peer,
+        } = &mut *st;
         let stats = &self.stats;
         stats
             .barriers
@@ -191,24 +213,28 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let _t = stats.timed(&stats.barrier_ns);
         self.release_fence()?;
         let cap = self.cfg.effective_wn_list_len();
-        let mut mine = core::mem::replace(&mut *self.rel_sig.lock(), Signature::new(cap));
-        let bytes = mine.to_bytes();
+        // Our signature; the (empty) one of the last barrier takes its place.
+        spare.reset(cap);
+        let mut mine = core::mem::replace(&mut *self.rel_sig.lock(), core::mem::take(spare));
         let off = ((*epoch % 2) as usize * s.sig_bytes) as u64;
         // The signature travels with the barrier if it is short; a longer
         // one is left in our slot for the others to read, and the record
         // carries its header only (its count tells them to read it).
         let mut record = [0u8; BARRIER_RECORD_BYTES];
-        if bytes.len() <= BARRIER_RECORD_BYTES {
-            record[..bytes.len()].copy_from_slice(&bytes);
+        if mine.byte_len() <= BARRIER_RECORD_BYTES {
+            mine.serialize_into(&mut record);
         } else {
+            let bytes = mine.to_bytes();
             self.com.write(s.sig_win.at(self.rank, off), &bytes)?;
             self.com.flush(self.rank)?;
             record[..HEADER_BYTES].copy_from_slice(&bytes[..HEADER_BYTES]);
         }
-        let records = {
+        *spare = mine;
+        records.resize(BARRIER_RECORD_BYTES * self.nprocs, 0);
+        {
             let _w = stats.timed(&stats.barrier_wait_ns);
-            self.com.allgather(&record)?
-        };
+            self.com.allgather_into(&record, records)?;
+        }
         let mut min = 0;
         for (q, rec) in records.chunks_exact(BARRIER_RECORD_BYTES).enumerate() {
             if q == self.rank {
@@ -223,15 +249,17 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 continue;
             }
             let inline = n <= BARRIER_INLINE_NOTICES;
-            let mut sig = if inline {
-                Signature::from_bytes(rec, cap).ok_or_else(|| {
-                    DsmError::Misuse(format!("corrupt barrier record from process {q}"))
-                })?
+            if inline {
+                if !peer.read_bytes(rec, cap) {
+                    return Err(DsmError::Misuse(format!(
+                        "corrupt barrier record from process {q}"
+                    )));
+                }
             } else {
-                self.read_signature(s.sig_win, q, off)?
-            };
-            min = min.max(sig.min_wr_ts());
-            self.acquire(&mut sig)?;
+                *peer = self.read_signature(s.sig_win, q, off)?;
+            }
+            min = min.max(peer.min_wr_ts());
+            self.acquire(peer)?;
         }
         let mut ts = Signature::new(0);
         ts.raise_min_wr_ts(min);

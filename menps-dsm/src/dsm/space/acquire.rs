@@ -53,11 +53,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if self.cfg.invalidation == InvalidationPolicy::Directory {
             return self.drain_invalidations();
         }
-        let notices = sig.notices().to_vec();
+        let notices = sig.notices();
         if notices.len() >= parallel_min::<U>() && U::num_workers() > 1 {
-            self.apply_notices_parallel(notices)?;
+            self.apply_notices_parallel(notices.to_vec())?;
         } else {
-            self.apply_notices(&notices)?;
+            self.apply_notices(notices)?;
         }
         self.self_invalidate(sig.min_wr_ts())
     }

@@ -93,10 +93,34 @@ impl StackLive {
     }
 
     /// Whether the block at `addr` lies wholly in dead stack memory, for a
-    /// release run by a thread whose stack pointer is `sp`.
-    pub(crate) fn is_dead(&self, addr: usize, sp: usize) -> bool {
+    /// release run by a thread whose stack pointer is `sp` (one block;
+    /// releases use [`Self::dead_test`], which the tests check against this).
+    #[cfg(test)]
+    fn is_dead(&self, addr: usize, sp: usize) -> bool {
         self.live_low(addr, sp)
             .is_some_and(|low| addr + self.block_size <= low)
+    }
+
+    /// [`Self::is_dead`] for many blocks, for a release run by a thread
+    /// whose stack pointer is `sp`: the bounds of the last slot asked about
+    /// are kept, so blocks of one stack in a row cost a comparison each.
+    pub(crate) fn dead_test(&self, sp: usize) -> impl FnMut(usize) -> bool + '_ {
+        // (slot start, slot end, lowest live address) of the last slot.
+        let mut last: Option<(usize, usize, usize)> = None;
+        move |addr| {
+            let low = match last {
+                Some((lo, hi, low)) if (lo..hi).contains(&addr) => low,
+                _ => match self.slot_of(addr) {
+                    Some((_, lo, hi)) => {
+                        let low = self.live_low(addr, sp).unwrap_or(0);
+                        last = Some((lo, hi, low));
+                        low
+                    }
+                    None => return false,
+                },
+            };
+            addr + self.block_size <= low
+        }
     }
 
     /// How many bytes at the start of the block at `addr` are dead stack
@@ -179,6 +203,33 @@ mod tests {
         assert_eq!(l.dead_prefix(slot0, sp), 0x1000);
         assert!(!l.is_dead(slot0, sp));
         assert_eq!(l.dead_prefix(0x1000, sp), 0, "outside our slots");
+    }
+
+    #[test]
+    fn the_dead_test_agrees_with_is_dead() {
+        let l = live();
+        let slot0 = 0x10_0000 + 0x1_0000;
+        let slot1 = slot0 + 0x2_0000;
+        l.set_low(slot1 + 0x100, slot1 + 0x6000);
+        l.set_floor(slot0, slot0 + 0x3000);
+        let sp = slot0 + 0x1000;
+        let mut t = l.dead_test(sp);
+        // Back and forth between the slots, the guards and outside.
+        let addrs = [
+            slot0,
+            slot0 + 0x2000,
+            slot1,
+            slot1 + 0x4000,
+            slot0 + 0x4000,
+            slot1 + 0x6000,
+            0x10_0000,
+            slot1 + 0x2000,
+            0x1000,
+            slot0 + 0xe000,
+        ];
+        for a in addrs {
+            assert_eq!(t(a), l.is_dead(a, sp), "block {a:#x}");
+        }
     }
 
     #[test]

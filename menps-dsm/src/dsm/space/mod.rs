@@ -335,8 +335,10 @@ pub(crate) struct Space<C: Communicator, U: UltItf> {
     /// This process's release signature: its own write notices and every
     /// signature it acquired since the last barrier.
     pub(crate) rel_sig: Mutex<Signature, U>,
-    /// Serialises release fences.
-    release_lock: Mutex<(), U>,
+    /// Serialises release fences, and keeps their lists' buffers from one
+    /// fence to the next (a barrier storm would otherwise allocate several
+    /// per episode).
+    release_lock: Mutex<release::ReleaseBufs, U>,
     /// Release fences this process has made (wrapping): the clock of the
     /// adaptive idle-release limit (see `fast_release`).
     release_count: AtomicU32,
@@ -379,7 +381,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             read_set: Mutex::new_in(BinaryHeap::new()),
             write_set: Mutex::new_in(Vec::new()),
             rel_sig: Mutex::new_in(Signature::new(cap)),
-            release_lock: Mutex::new_in(()),
+            release_lock: Mutex::new_in(release::ReleaseBufs::default()),
             release_count: AtomicU32::new(0),
             failed: AtomicBool::new(false),
             failure: std::sync::Mutex::new(None),

@@ -11,6 +11,17 @@ use super::super::error::DsmResult;
 use super::super::segment::Segment;
 use super::{PARALLEL_RELEASE_MIN, Space, TxKind, parallel_min};
 
+/// The lists of a release fence, kept from one fence to the next.
+#[derive(Default)]
+pub(super) struct ReleaseBufs {
+    /// The blocks listed in the write set when the fence began.
+    blocks: Vec<usize>,
+    /// Those of them in dead stack memory (listed again, unmerged).
+    dead: Vec<usize>,
+    /// Those that stay listed after their release.
+    keep: Vec<usize>,
+}
+
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Releases block `idx` if it is in the write set; returns whether it
     /// stays there (still dirty: a fast release keeps it writable).
@@ -37,42 +48,49 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// released) and its write notice added to the release signature.
     pub fn release_fence(&self) -> DsmResult<()> {
         let _rt = self.enter()?;
-        let _serial = self.release_lock.lock();
+        let mut bufs = self.release_lock.lock();
+        let ReleaseBufs { blocks, dead, keep } = &mut *bufs;
         let _t = self.stats.timed(&self.stats.release_ns);
         self.count_release();
         // Local stores are visible before lock words are read (fast release).
         fence(Ordering::SeqCst);
-        let mut blocks = core::mem::take(&mut *self.write_set.lock());
+        // The listed blocks; the write set keeps the (empty) buffer of the
+        // last fence.
+        blocks.clear();
+        core::mem::swap(blocks, &mut *self.write_set.lock());
         // Stack blocks below the live part of their stack stay listed,
         // unmerged (see `live`).
-        let mut dead = Vec::new();
+        dead.clear();
         if let Some(live) = self.stack_live.get() {
-            let sp = super::live::stack_pointer();
+            let mut is_dead = live.dead_test(super::live::stack_pointer());
             blocks.retain(|&a| {
-                let d = live.is_dead(a, sp);
+                let d = is_dead(a);
                 if d {
                     dead.push(a);
                 }
                 !d
             });
         }
+        keep.clear();
         let parallel = blocks.len() >= parallel_min::<U>() && U::num_workers() > 1;
-        let (mut keep, result) = if parallel {
-            self.release_parallel(blocks, U::num_workers())
+        let result = if parallel {
+            let (k, r) = self.release_parallel(core::mem::take(blocks), U::num_workers());
+            *keep = k;
+            r
         } else {
-            self.release_list(&blocks)
+            self.release_list(blocks, keep)
         };
-        keep.append(&mut dead);
-        if !keep.is_empty() {
-            self.write_set.lock().extend(keep);
+        if !keep.is_empty() || !dead.is_empty() {
+            let mut ws = self.write_set.lock();
+            ws.extend_from_slice(keep);
+            ws.extend_from_slice(dead);
         }
         self.guard(result)
     }
 
-    /// Releases `blocks` one after the other; returns the ones that stay in
-    /// the write set and the first error.
-    pub(super) fn release_list(&self, blocks: &[usize]) -> (Vec<usize>, DsmResult<()>) {
-        let mut keep = Vec::new();
+    /// Releases `blocks` one after the other; adds the ones that stay in
+    /// the write set to `keep`; returns the first error.
+    pub(super) fn release_list(&self, blocks: &[usize], keep: &mut Vec<usize>) -> DsmResult<()> {
         let mut result = Ok(());
         for &addr in blocks {
             if result.is_err() {
@@ -91,7 +109,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 }
             }
         }
-        (keep, result)
+        result
     }
 
     /// Releases `blocks` in parallel, in strided chunks on threads of `U`
@@ -115,12 +133,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 let blocks = blocks.clone();
                 U::spawn(move || {
                     let mine: Vec<usize> = blocks.iter().copied().skip(t).step_by(tasks).collect();
-                    me.release_list(&mine)
+                    let mut keep = Vec::new();
+                    let r = me.release_list(&mine, &mut keep);
+                    (keep, r)
                 })
             })
             .collect();
         let mine: Vec<usize> = blocks.iter().copied().step_by(tasks).collect();
-        let (mut keep, mut result) = self.release_list(&mine);
+        let mut keep = Vec::new();
+        let mut result = self.release_list(&mine, &mut keep);
         for h in handles {
             let (k, r) = h.join();
             keep.extend(k);

@@ -633,9 +633,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // snapshot: it is then covered by the write notice pushed below
         // (after the copy), which every later release of this process
         // carries in its signature.
+        // Only the live part: the next release compares only what is live
+        // then (if the stack has grown deeper, the part it compares that
+        // was not copied makes it announce the block once more; so would
+        // the frames that changed there), and copying the whole block was
+        // a tenth of a team barrier's cost.
         m.released
-            .get_or_insert_with(|| vec![0; data.len()].into_boxed_slice())
-            .copy_from_slice(data);
+            .get_or_insert_with(|| vec![0; data.len()].into_boxed_slice())[skip..]
+            .copy_from_slice(&data[skip..]);
         bump(&self.stats.fast_releases);
         m.fast_rel_count += 1;
         m.idle_releases = 0;
