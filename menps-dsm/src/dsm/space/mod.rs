@@ -908,9 +908,6 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
     }
 
-    /// Makes an invalid block readable. With `for_write` the caller makes it
-    /// writable right after, so the application view's protection is left
-    /// to it (one `mprotect` instead of two).
     /// Whether a read miss on block `idx` (invalid) needs a transaction:
     /// unless the master copy is here (a fixed home), or the block's lease
     /// is still valid and our copy — or, under fast read, the version its
@@ -933,6 +930,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
     }
 
+    /// Makes an invalid block readable. With `for_write` the caller makes it
+    /// writable right after, so the application view's protection is left
+    /// to it (one `mprotect` instead of two).
     fn read_upgrade(
         &self,
         seg: &Segment<U>,
