@@ -764,15 +764,7 @@ impl<C: Rma<Request = Request<U>>, U: UltItf> Rma for NetCom<C, U> {
     /// now (the link serialises their bytes), the backend's batch, then
     /// the latest deadline.
     fn compare_and_swap_all(&self, ops: &mut [CasOp]) -> Result<()> {
-        let mut last = 0;
-        for op in ops.iter() {
-            if self.remote(op.target.rank()) {
-                last = last.max(self.atomic_deadline());
-                add(&self.counters.atomics, 1);
-            } else {
-                self.count_local();
-            }
-        }
+        let last = self.batch_deadline(ops, &[]);
         self.inner.compare_and_swap_all(ops)?;
         self.wait_until(last);
         Ok(())
@@ -780,15 +772,7 @@ impl<C: Rma<Request = Request<U>>, U: UltItf> Rma for NetCom<C, U> {
 
     /// As [`Self::compare_and_swap_all`], for reads.
     fn read_all(&self, reads: &mut [(RemotePtr, &mut [u8])]) -> Result<()> {
-        let mut last = 0;
-        for (src, dst) in reads.iter() {
-            if self.remote(src.rank()) {
-                last = last.max(self.read_deadline(dst.len()));
-                self.count_read(dst.len());
-            } else {
-                self.count_local();
-            }
-        }
+        let last = self.batch_deadline(&[], reads);
         self.inner.read_all(reads)?;
         self.wait_until(last);
         Ok(())
@@ -802,8 +786,19 @@ impl<C: Rma<Request = Request<U>>, U: UltItf> Rma for NetCom<C, U> {
         ops: &mut [CasOp],
         reads: &mut [(RemotePtr, &mut [u8])],
     ) -> Result<()> {
+        let last = self.batch_deadline(ops, reads);
+        self.inner.compare_and_swap_then_read_all(ops, reads)?;
+        self.wait_until(last);
+        Ok(())
+    }
+}
+
+impl<C: Rma<Request = Request<U>>, U: UltItf> NetCom<C, U> {
+    /// Counts a batch of swaps and reads issued now and returns the model
+    /// deadline of the last of them (all in flight together).
+    fn batch_deadline(&self, ops: &[CasOp], reads: &[(RemotePtr, &mut [u8])]) -> u64 {
         let mut last = 0;
-        for op in ops.iter() {
+        for op in ops {
             if self.remote(op.target.rank()) {
                 last = last.max(self.atomic_deadline());
                 add(&self.counters.atomics, 1);
@@ -811,7 +806,7 @@ impl<C: Rma<Request = Request<U>>, U: UltItf> Rma for NetCom<C, U> {
                 self.count_local();
             }
         }
-        for (src, dst) in reads.iter() {
+        for (src, dst) in reads {
             if self.remote(src.rank()) {
                 last = last.max(self.read_deadline(dst.len()));
                 self.count_read(dst.len());
@@ -819,9 +814,7 @@ impl<C: Rma<Request = Request<U>>, U: UltItf> Rma for NetCom<C, U> {
                 self.count_local();
             }
         }
-        self.inner.compare_and_swap_then_read_all(ops, reads)?;
-        self.wait_until(last);
-        Ok(())
+        last
     }
 }
 

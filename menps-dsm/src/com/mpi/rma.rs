@@ -214,6 +214,44 @@ impl<U: UltItf> MpiCom<U> {
         Ok(Request::ready(self.served_op(s, h, &[], &mut [])))
     }
 
+    /// Served batches: the swaps `ops`, then the reads (a read longer than
+    /// `int` counts allow in pieces), after the one-sided path's checks, all
+    /// in flight together ([`Self::served_many`]); sets each swap's old
+    /// word.
+    fn served_batch(
+        &self,
+        s: &served::Server,
+        ops: &mut [CasOp],
+        reads: &mut [(RemotePtr, &mut [u8])],
+    ) -> Result<()> {
+        for op in ops.iter() {
+            self.atomic_target(op.target)?;
+        }
+        for (src, dst) in reads.iter() {
+            self.windows.resolve(*src, dst.len(), self.size)?;
+        }
+        let mut served: Vec<served::ServedOp<'_>> = ops
+            .iter()
+            .map(|op| {
+                let h = served::Header::atomic(served::Op::Cas, op.target, op.expected, op.new);
+                served::ServedOp::new(h, &[], &mut [])
+            })
+            .collect();
+        let swaps = served.len();
+        for (src, dst) in reads.iter_mut() {
+            for (k, piece) in dst.chunks_mut(served::MAX_PIECE).enumerate() {
+                let at = src.add((k * served::MAX_PIECE) as u64);
+                let h = served::Header::transfer(served::Op::Read, at, piece.len());
+                served.push(served::ServedOp::new(h, &[], piece));
+            }
+        }
+        self.served_many(s, &mut served)?;
+        for (op, done) in ops.iter_mut().zip(&served[..swaps]) {
+            op.old = done.old;
+        }
+        Ok(())
+    }
+
     /// Waits until every offloaded operation issued so far has completed
     /// (and its completion callback has run).
     fn drain_offloaded(&self) -> Result<()> {
@@ -279,44 +317,19 @@ impl<U: UltItf> Rma for MpiCom<U> {
 
     /// Served: every request in flight together (one round trip for all).
     fn compare_and_swap_all(&self, ops: &mut [CasOp]) -> Result<()> {
-        let Some(s) = &self.server else {
-            return batch::cas_all_nb(self, ops);
-        };
-        for op in ops.iter() {
-            self.atomic_target(op.target)?;
+        match &self.server {
+            Some(s) => self.served_batch(s, ops, &mut []),
+            None => batch::cas_all_nb(self, ops),
         }
-        let mut served: Vec<served::ServedOp<'_>> = ops
-            .iter()
-            .map(|op| {
-                let h = served::Header::atomic(served::Op::Cas, op.target, op.expected, op.new);
-                served::ServedOp::new(h, &[], &mut [])
-            })
-            .collect();
-        self.served_many(s, &mut served)?;
-        for (op, done) in ops.iter_mut().zip(served) {
-            op.old = done.old;
-        }
-        Ok(())
     }
 
     /// Served: every request (a read longer than `int` counts allow in
     /// pieces) in flight together.
     fn read_all(&self, reads: &mut [(RemotePtr, &mut [u8])]) -> Result<()> {
-        let Some(s) = &self.server else {
-            return batch::read_all_nb(self, reads);
-        };
-        for (src, dst) in reads.iter() {
-            self.windows.resolve(*src, dst.len(), self.size)?;
+        match &self.server {
+            Some(s) => self.served_batch(s, &mut [], reads),
+            None => batch::read_all_nb(self, reads),
         }
-        let mut served = Vec::with_capacity(reads.len());
-        for (src, dst) in reads.iter_mut() {
-            for (k, piece) in dst.chunks_mut(served::MAX_PIECE).enumerate() {
-                let at = src.add((k * served::MAX_PIECE) as u64);
-                let h = served::Header::transfer(served::Op::Read, at, piece.len());
-                served.push(served::ServedOp::new(h, &[], piece));
-            }
-        }
-        self.served_many(s, &mut served)
     }
 
     /// Served: the swaps and then the reads, each process's in one
@@ -328,36 +341,13 @@ impl<U: UltItf> Rma for MpiCom<U> {
         ops: &mut [CasOp],
         reads: &mut [(RemotePtr, &mut [u8])],
     ) -> Result<()> {
-        let Some(s) = &self.server else {
-            self.compare_and_swap_all(ops)?;
-            return self.read_all(reads);
-        };
-        for op in ops.iter() {
-            self.atomic_target(op.target)?;
-        }
-        for (src, dst) in reads.iter() {
-            self.windows.resolve(*src, dst.len(), self.size)?;
-        }
-        let mut served: Vec<served::ServedOp<'_>> = ops
-            .iter()
-            .map(|op| {
-                let h = served::Header::atomic(served::Op::Cas, op.target, op.expected, op.new);
-                served::ServedOp::new(h, &[], &mut [])
-            })
-            .collect();
-        let swaps = served.len();
-        for (src, dst) in reads.iter_mut() {
-            for (k, piece) in dst.chunks_mut(served::MAX_PIECE).enumerate() {
-                let at = src.add((k * served::MAX_PIECE) as u64);
-                let h = served::Header::transfer(served::Op::Read, at, piece.len());
-                served.push(served::ServedOp::new(h, &[], piece));
+        match &self.server {
+            Some(s) => self.served_batch(s, ops, reads),
+            None => {
+                self.compare_and_swap_all(ops)?;
+                self.read_all(reads)
             }
         }
-        self.served_many(s, &mut served)?;
-        for (op, done) in ops.iter_mut().zip(&served[..swaps]) {
-            op.old = done.old;
-        }
-        Ok(())
     }
 
     fn flush(&self, rank: usize) -> Result<()> {
