@@ -212,6 +212,15 @@ pub const MENPS_DSM_PREFETCH: Var = var(
     "menps-dsm",
     "bytes of blocks a read miss continuing a run of misses fetches ahead (0: off)",
 );
+/// Acquires that refresh a hot block's stale copy in place.
+pub const MENPS_DSM_REFRESH: Var = var(
+    "MENPS_DSM_REFRESH",
+    count(0, 255),
+    "8",
+    "menps-dsm",
+    "acquires that fetch a stale copy of a block read again after each invalidation anew, \
+     instead of dropping it, before it is dropped once to test it (0: off)",
+);
 /// Race detection while merging.
 pub const MENPS_DSM_RACE_DETECTION: Var = var(
     "MENPS_DSM_RACE_DETECTION",
@@ -501,6 +510,7 @@ pub const ALL: &[Var] = &[
     MENPS_DSM_FAST_RELEASE,
     MENPS_DSM_FAST_READ,
     MENPS_DSM_PREFETCH,
+    MENPS_DSM_REFRESH,
     MENPS_DSM_RACE_DETECTION,
     MENPS_STATS,
     MENPS_DSM_ON_RACE,

@@ -28,23 +28,30 @@ fn job(
     scenario: &str,
     nprocs: usize,
     policy: (&'static str, &'static str, &'static str),
+    extra: &[(&str, &str)],
 ) -> JobRun {
     let mut cmd: Command = clean_cmd(std::env::current_exe().unwrap());
     entry_args(&mut cmd);
     cmd.env(SCENARIO, scenario)
         .env("MENPS_NPROCS", nprocs.to_string())
-        .envs(dsm_policy_env(policy));
+        .envs(dsm_policy_env(policy))
+        .envs(extra.iter().copied());
     let tag = new_tag(scenario);
     drive(cmd, &tag, |_, _| false)
 }
 
 fn run_everywhere(scenario: &str, procs: &[usize]) {
+    run_everywhere_with(scenario, procs, &[]);
+}
+
+/// [`run_everywhere`] with more variables for the jobs.
+fn run_everywhere_with(scenario: &str, procs: &[usize], extra: &[(&str, &str)]) {
     for &n in procs {
         for &pol in &POLICIES {
-            let run = job(scenario, n, pol);
+            let run = job(scenario, n, pol, extra);
             assert_passed(
                 &run,
-                &format!("{scenario} with {n} processes under {pol:?}"),
+                &format!("{scenario} with {n} processes under {pol:?} {extra:?}"),
                 n,
             );
         }
@@ -97,8 +104,19 @@ fn single_writer_never_stale_all_policies() {
 }
 
 #[test]
+fn hot_blocks_refreshed_in_place_are_never_stale_all_policies() {
+    run_everywhere("hot_refresh", &[2, 3]);
+}
+
+#[test]
 fn prefetched_block_invalidated_before_use_is_never_stale_all_policies() {
     run_everywhere("prefetch_invalidated", &[2, 3]);
+    // Every sequential pair of misses then prefetches.
+    run_everywhere_with(
+        "prefetch_invalidated",
+        &[2, 3],
+        &[("MENPS_DSM_REFRESH", "0")],
+    );
 }
 
 #[test]
@@ -124,7 +142,7 @@ fn flush_wavefront_all_policies() {
 #[test]
 fn user_level_threads_fault_park_and_migrate() {
     for &pol in &POLICIES[..3] {
-        let run = job("ult_faults", 2, pol);
+        let run = job("ult_faults", 2, pol, &[]);
         assert!(run.status.success(), "{pol:?}: {}", run.dump());
         assert!(run.stdout.contains("rank 1: ok"), "{}", run.dump());
     }
@@ -136,7 +154,7 @@ fn pinned_stack_in_dsm_all_policies() {
 }
 
 fn one_process(scenario: &str) -> JobRun {
-    job(scenario, 1, POLICIES[0])
+    job(scenario, 1, POLICIES[0], &[])
 }
 
 #[test]
@@ -238,7 +256,7 @@ fn bad_configuration_is_a_clear_error() {
 #[test]
 fn mismatched_collectives_fail_on_every_rank() {
     for n in [2, 3] {
-        let run = job("mismatch", n, POLICIES[0]);
+        let run = job("mismatch", n, POLICIES[0], &[]);
         assert!(!run.status.success(), "{}", run.dump());
         assert!(!run.stdout.contains("passed"), "{}", run.dump());
         for r in 0..n {
@@ -318,7 +336,7 @@ fn races_are_reported_once_and_the_run_goes_on() {
 #[test]
 fn write_write_race_is_reported() {
     for &pol in &POLICIES {
-        let run = job("race", 3, pol);
+        let run = job("race", 3, pol, &[]);
         assert!(
             !run.status.success(),
             "race not reported under {pol:?}: {}",

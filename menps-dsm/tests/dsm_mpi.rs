@@ -150,6 +150,11 @@ fn mpi_single_writer_never_stale() {
 }
 
 #[test]
+fn mpi_hot_blocks_refreshed_in_place_are_never_stale() {
+    run_everywhere("hot_refresh", &[2, 3]);
+}
+
+#[test]
 fn mpi_single_writer_through_mutex_never_stale() {
     run_everywhere("single_writer_mutex", &[2, 3, 4]);
 }

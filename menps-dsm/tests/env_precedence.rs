@@ -38,6 +38,16 @@ fn builder_then_environment_then_default() {
     assert_eq!(c.invalidation, InvalidationPolicy::Hybrid, "the default");
     let c = DsmConfig::from_env().unwrap();
     assert_eq!((c.writer, c.block_size), (WriterPolicy::Fixed, 64 << 10));
+    assert_eq!(c.refreshes, 8, "the default refresh count");
+    set("MENPS_DSM_REFRESH", "3");
+    assert_eq!(DsmConfig::from_env().unwrap().refreshes, 3);
+    let c = DsmConfig::builder().refreshes(0).build().unwrap();
+    assert_eq!(c.refreshes, 0, "the builder's refresh count wins");
+    set("MENPS_DSM_REFRESH", "256");
+    let e = DsmConfig::from_env().unwrap_err().to_string();
+    assert!(e.contains("MENPS_DSM_REFRESH=\"256\" is not valid"), "{e}");
+    set("MENPS_DSM_REFRESH", "0");
+    assert_eq!(DsmConfig::from_env().unwrap().refreshes, 0, "0: off");
     // The defaults an embedding runtime gives lose to the environment.
     let tuned = DsmConfig {
         block_size: 8 << 10,

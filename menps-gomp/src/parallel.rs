@@ -64,6 +64,28 @@ fn encountered(what: &str, num_threads: c_uint) -> (&'static CThread, usize, boo
     (me, n, is_main && n > 1)
 }
 
+/// Keeps the block that holds a region's shared variables (`data`: GCC's
+/// `.omp_data_o`, in the encountering thread's frame — `main`'s DSM stack,
+/// which is pinned only while `main` runs) pinned while the team runs, in a
+/// job of several processes: the region's `single`s and its thread 0 write
+/// these variables, and reductions (emulated as DSM atomics) and the other
+/// processes' writes change them, phase after phase. Pinned, the block
+/// takes no fault and no `mprotect` here; another process's change is
+/// merged into it in place at the next acquire. Returns what to unpin.
+fn pin_shared(data: *mut c_void) -> Option<*mut u8> {
+    let rt = rt();
+    if data.is_null() || rt.dsm.nprocs() == 1 {
+        return None;
+    }
+    let p = data.cast::<u8>();
+    let _rt = RuntimeGuard::enter();
+    rt.dsm.block_state(p)?;
+    rt.dsm
+        .pin(p, 1)
+        .unwrap_or_else(|e| die(format_args!("parallel region: {e}")));
+    Some(p)
+}
+
 impl Region {
     /// The description of a region of `f(data)` that thread `me` starts, its
     /// threads at nesting level `level` (`active_level` active ones) and
@@ -117,11 +139,18 @@ pub(crate) unsafe fn parallel_region(
     // this thread gives it up first, since it may still run (the fork's
     // bookkeeping, on another worker) while thread 0 does.
     crate::tls::leave();
+    let pinned = pin_shared(data);
     // SAFETY: `region` lives in this frame (DSM memory: `main` runs on a DSM
     // stack) until the fork returns; `team_thread` reads it as a `Region`.
     unsafe {
         rt.team
             .fork_team(n, team_thread, (&region as *const Region).cast_mut().cast())
+            .unwrap_or_else(|e| die(format_args!("parallel region: {e}")));
+    }
+    if let Some(p) = pinned {
+        let _rt = RuntimeGuard::enter();
+        rt.dsm
+            .unpin(p, 1)
             .unwrap_or_else(|e| die(format_args!("parallel region: {e}")));
     }
     if region.carrier0 != 0 {

@@ -174,13 +174,24 @@ fn single_first(ct: &CThread) -> (bool, Option<u64>) {
     (first, Some(seq))
 }
 
-/// `GOMP_single_start`: true on the one thread that runs the `single`.
+/// `GOMP_single_start`: true on the one thread that runs the `single`. In
+/// a team across processes that is thread 0 (the construct lets any thread
+/// run it): no counter is taken, and the region's shared variables, which
+/// the `single` often writes, are usually in thread 0's frame, on process
+/// 0 — a first arriver on another process would fault on them. Within a
+/// process, the first thread to arrive (as libgomp).
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_single_start() -> bool {
     let _errno = KeepErrno::new();
     let Some(ct) = current_thread() else {
         return true;
     };
+    if ct
+        .team()
+        .is_some_and(|t| t.threads_here() < t.num_threads())
+    {
+        return ct.thread_num == 0;
+    }
     let (first, seq) = single_first(ct);
     if let Some(seq) = seq {
         let rt = rt();

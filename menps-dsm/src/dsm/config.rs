@@ -83,6 +83,14 @@ pub struct DsmConfig {
     /// continues a run of misses in its segment fetches ahead of it (whole
     /// blocks; 0, or less than a segment's block size, turns it off there).
     pub prefetch_bytes: usize,
+    /// Refresh of hot blocks: a block whose copy an acquire dropped and the
+    /// program then read again is *hot*; the next this many acquires that
+    /// find its copy stale fetch the new version into it in place (all of
+    /// an acquire's hot blocks in one batch, the copy staying readable)
+    /// instead of dropping it, which saves the fault and the miss. Then it
+    /// is dropped once, and becomes hot again only if it is read again. 0:
+    /// off.
+    pub refreshes: u8,
     /// Write-write race detection while merging.
     pub race_detection: bool,
     /// What a detected race does.
@@ -121,6 +129,7 @@ impl Default for DsmConfig {
             fast_release: true,
             fast_read: false,
             prefetch_bytes: 256 * 1024,
+            refreshes: 8,
             race_detection: true,
             on_race: RaceAction::Stop,
             block_size: 32 * 1024,
@@ -155,6 +164,7 @@ pub struct DsmConfigBuilder {
     fast_release: Option<bool>,
     fast_read: Option<bool>,
     prefetch_bytes: Option<usize>,
+    refreshes: Option<u8>,
     race_detection: Option<bool>,
     print_stats: Option<bool>,
     on_race: Option<RaceAction>,
@@ -202,6 +212,9 @@ impl DsmConfigBuilder {
         /// Sequential prefetch window in bytes, 0: off (wins over
         /// `MENPS_DSM_PREFETCH`).
         prefetch_bytes: usize,
+        /// Acquires that refresh a hot block in place, 0: off (wins over
+        /// `MENPS_DSM_REFRESH`).
+        refreshes: u8,
         /// Race detection (wins over `MENPS_DSM_RACE_DETECTION`).
         race_detection: bool,
         /// Protocol counters printed at the end (wins over `MENPS_STATS`).
@@ -294,6 +307,15 @@ impl DsmConfigBuilder {
                 self.prefetch_bytes,
                 || vars::MENPS_DSM_PREFETCH.size(),
                 b.prefetch_bytes,
+            )?,
+            refreshes: pick(
+                self.refreshes,
+                || {
+                    vars::MENPS_DSM_REFRESH
+                        .count()
+                        .map(|v| v.map(|n| u8::try_from(n).unwrap_or(u8::MAX)))
+                },
+                b.refreshes,
             )?,
             race_detection: pick(
                 self.race_detection,

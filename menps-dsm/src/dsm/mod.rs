@@ -51,6 +51,17 @@
 //!   other; their locks are tried all at once and the runs read together
 //!   (across hosts, a round trip for each step rather than for each
 //!   block), and the run is then made readable with one `mprotect`.
+//! - **Refresh of hot blocks** (`MENPS_DSM_REFRESH`, on by default): a block
+//!   that an acquire dropped and the program then read again — one
+//!   process's part of an array the others read after every barrier, the
+//!   master thread's frame in an OpenMP region — is *hot*. The next few
+//!   acquires that find its copy stale (8 by default) fetch the new version
+//!   into it instead of dropping it: per segment in one batch, as a
+//!   prefetch (the read transaction's lock, lease and read-set entry), the
+//!   copy staying readable, so the program's next read neither faults nor
+//!   waits and no `mprotect` is made. Then the copy is dropped once, to
+//!   test whether it is still read: a block the program stopped reading
+//!   costs at most that many useless fetches.
 //!
 //! # Using it
 //!

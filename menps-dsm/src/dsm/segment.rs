@@ -128,6 +128,17 @@ pub(crate) struct BlockMeta {
     /// The next miss must take the global lock (the copy was dropped
     /// because the memory changed hands, e.g. reused by the heap).
     pub force_tx: bool,
+    /// A read miss found this copy dropped as stale (invalidated while
+    /// readable) since the last miss: the block is read again after each
+    /// invalidation, and the next read miss makes it *hot*.
+    pub dropped: bool,
+    /// Acquires left that refresh this (hot) copy in place instead of
+    /// dropping it (see `Space::refresh`): a stale copy is fetched anew at
+    /// the acquire, without a fault. 0: dropped as usual.
+    pub refreshes: u8,
+    /// Listed for refresh by the acquire in progress (kept readable until
+    /// it is refreshed).
+    pub refresh_pending: bool,
     /// Pins outstanding ([`Space::pin`](super::space) counts them: a
     /// stack's pin by the worker entering its thread may come before the
     /// unpin by the worker that left it).

@@ -55,6 +55,7 @@ pub fn job_entry() {
         "rewritten_runs" => rewritten_runs(&dsm),
         "idle_limit" => idle_limit(&dsm),
         "prefetch_invalidated" => prefetch_invalidated(&dsm),
+        "hot_refresh" => hot_refresh(&dsm),
         "barrier_after_touch" => barrier_after_touch(&dsm),
         "race" => race(&dsm),
         "races_reported" => races_reported(&dsm),
@@ -400,6 +401,92 @@ fn phased_writers(dsm: &D) {
     }
 }
 
+/// Refresh of hot blocks: every round one process (the writer changes every
+/// `STRETCH` rounds) rewrites a whole 4 KiB block and, after a barrier, the
+/// others read all of it; a copy that an acquire refreshed in place
+/// instead of dropping shows stale data if the refresh missed a change.
+/// With refresh on (and write notices or leases to find stale copies: not
+/// under the directory policy), a reader misses on the block only when it
+/// is new to it and when a hot copy is dropped once after its refreshes to
+/// test it: at most `rounds / (refreshes + 1)` plus a few per change of
+/// writer, against once per round read with refresh off. Each reader also
+/// writes its own word of the next block every round it reads, so that a
+/// refreshed copy sits next to a written, falsely shared one.
+fn hot_refresh(dsm: &D) {
+    const ROUNDS: u64 = 60;
+    const STRETCH: u64 = 20;
+    const WORDS: usize = 512; // per 4 KiB block
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let seg = dsm.alloc_segment(2 * 4096, 4096).unwrap() as *mut u64;
+    let at = |w: usize| {
+        // SAFETY: inside the segment (block 1 from word `WORDS`).
+        unsafe { seg.add(w) }
+    };
+    let before = dsm.stats();
+    let mut read_rounds = 0;
+    // Per process: the last round it read (and wrote its word of block 1).
+    let mut last_read = vec![0u64; n];
+    for round in 1..=ROUNDS {
+        let writer = (round / STRETCH) as usize % n;
+        if me == writer {
+            for w in 0..WORDS {
+                // SAFETY: only the writer writes the block, between barriers.
+                unsafe { at(w).write(word(round, w)) };
+            }
+        }
+        dsm.barrier().unwrap();
+        if me != writer {
+            read_rounds += 1;
+            for w in 0..WORDS {
+                // SAFETY: written before the barrier.
+                let v = unsafe { at(w).read() };
+                assert_eq!(v, word(round, w), "round {round}: word {w} is stale");
+            }
+            // SAFETY: word `me` of block 1 is this process's alone.
+            unsafe { at(WORDS + me).write(round) };
+        }
+        for (p, last) in last_read.iter_mut().enumerate() {
+            if p != writer {
+                *last = round;
+            }
+        }
+        dsm.barrier().unwrap();
+    }
+    let after = dsm.stats();
+    for (p, &last) in last_read.iter().enumerate() {
+        // SAFETY: written before the last barrier.
+        let v = unsafe { at(WORDS + p).read() };
+        assert_eq!(v, last, "process {p}'s word of the falsely shared block");
+    }
+    let cfg = dsm.config();
+    let misses = after.read_faults - before.read_faults;
+    let refreshed = after.refreshed - before.refreshed;
+    let finds_stale = cfg.invalidation != menps_dsm::dsm::InvalidationPolicy::Directory;
+    let home_here = cfg.writer == WriterPolicy::Fixed && misses == 0;
+    if cfg.refreshes == 0 || !finds_stale {
+        assert_eq!(
+            refreshed, 0,
+            "process {me}: refreshed with refresh off; {after}"
+        );
+    } else if !home_here {
+        let changes = (ROUNDS / STRETCH) as usize + 1;
+        let bound = ROUNDS as usize / (usize::from(cfg.refreshes) + 1) + 2 * changes;
+        assert!(
+            misses <= bound,
+            "process {me}: {misses} read misses in {read_rounds} rounds read (at most {bound} \
+             expected with {} refreshes): hot copies were dropped; {after}",
+            cfg.refreshes
+        );
+        // Most rounds read find a refreshed copy (not all: a copy dropped
+        // to be tested is missed on, and a release that merges a new version
+        // into a copy brings it up to date without either).
+        assert!(
+            refreshed >= read_rounds / 2,
+            "process {me}: {refreshed} refreshes in {read_rounds} rounds read; {after}"
+        );
+    }
+}
+
 /// Sequential prefetch meets invalidation: every round one process (in
 /// turn) writes a pattern over a segment of 4 KiB blocks; after a barrier
 /// the others read the first two blocks only — a sequential run, so with
@@ -408,7 +495,9 @@ fn phased_writers(dsm: &D) {
 /// rewrites the blocks the readers never touched, and after a third the
 /// readers read them all: a prefetched copy that the acquire did not drop
 /// shows as stale data. Rounds alternate between reading the rewritten
-/// blocks in order (prefetching again) and backwards.
+/// blocks in order (prefetching again) and backwards. (The driver runs it
+/// with the refresh of hot blocks off too: with it on, the blocks read
+/// every round are refreshed by the acquires rather than missed on.)
 fn prefetch_invalidated(dsm: &D) {
     const BLOCKS: usize = 48;
     const WORDS: usize = 512; // per 4 KiB block
@@ -432,14 +521,17 @@ fn prefetch_invalidated(dsm: &D) {
         }
         dsm.barrier().unwrap();
         if me != writer {
+            let misses = dsm.stats().read_faults;
             for b in 0..2 {
                 // SAFETY: written before the barrier.
                 let v = unsafe { at(b, 7).read() };
                 assert_eq!(v, word(round, b * WORDS + 7), "round {round}: block {b}");
             }
+            let missed_both = dsm.stats().read_faults - misses >= 2;
             // (With a fixed home, one of the two may be this process's own
-            // block: a hit, not a miss.)
-            if prefetching && dsm.config().writer == WriterPolicy::Floating {
+            // block: a hit, not a miss; with refresh on, the acquire may
+            // have refreshed them: hits too.)
+            if prefetching && missed_both && dsm.config().writer == WriterPolicy::Floating {
                 assert!(
                     dsm.block_state(at(2, 0) as *const u8)
                         .is_some_and(|s| s.readable()),

@@ -37,6 +37,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         };
         bump(&self.stats.invalidations);
         m.state = new;
+        m.dropped = true;
         self.protect(seg, idx, new)
     }
 
@@ -54,17 +55,204 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             return self.drain_invalidations();
         }
         let notices = sig.notices();
-        if notices.len() >= parallel_min::<U>() && U::num_workers() > 1 {
-            self.apply_notices_parallel(notices.to_vec())?;
+        let mut refresh = Vec::new();
+        let r = if notices.len() >= parallel_min::<U>() && U::num_workers() > 1 {
+            self.apply_notices_parallel(notices.to_vec())
         } else {
-            self.apply_notices(notices)?;
+            self.apply_notices(notices, Some(&mut refresh))
+        };
+        // Listed copies are stale but readable: refreshed, or dropped if the
+        // acquire fails.
+        r.and_then(|()| self.self_invalidate(sig.min_wr_ts(), Some(&mut refresh)))
+            .and_then(|()| self.refresh(&mut refresh))
+            .inspect_err(|_| self.drop_listed(&refresh))
+    }
+
+    /// Whether an acquire that finds block `idx`'s copy stale refreshes it
+    /// (see [`Self::refresh`]) rather than dropping it: a hot, clean,
+    /// readable copy with refreshes left (counted down here). A copy listed
+    /// already says so again.
+    fn keep_for_refresh(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) -> bool {
+        if m.refresh_pending {
+            return true;
         }
-        self.self_invalidate(sig.min_wr_ts())
+        if m.refreshes == 0
+            || m.state != BlockState::ReadonlyClean
+            || m.pins > 0
+            || m.force_tx
+            || self.is_fixed_home(seg, idx)
+        {
+            return false;
+        }
+        m.refreshes -= 1;
+        m.refresh_pending = true;
+        true
+    }
+
+    /// Refresh of hot blocks: the stale copies an acquire listed (still
+    /// readable, see [`Self::keep_for_refresh`]) are fetched anew, per
+    /// segment in one batch as a prefetch is (their global locks tried at
+    /// once, one read per run held by the same process), and stay readable:
+    /// no fault, no `mprotect`. Only the words that changed are rewritten,
+    /// so this process's threads reading the others (as a data-race-free
+    /// program may, before its own acquire completes) see no change.
+    ///
+    /// `list` holds application addresses of blocks; it is emptied.
+    fn refresh(&self, list: &mut Vec<usize>) -> DsmResult<()> {
+        if list.is_empty() {
+            return Ok(());
+        }
+        list.sort_unstable();
+        list.dedup();
+        let mut k = 0;
+        while k < list.len() {
+            let Some((seg, first)) = self.locate(list[k]) else {
+                k += 1;
+                continue;
+            };
+            let mut n = 1;
+            while k + n < list.len()
+                && self
+                    .locate(list[k + n])
+                    .is_some_and(|(s, _)| s.id == seg.id)
+            {
+                n += 1;
+            }
+            let mut held = Vec::with_capacity(n);
+            for &addr in &list[k..k + n] {
+                let idx = first + (addr - list[k]) / seg.block_size;
+                // Entries in ascending order, as every nesting of them.
+                let mut m = seg.entry(idx).lock();
+                if m.refresh_pending {
+                    m.refresh_pending = false;
+                    if m.state == BlockState::ReadonlyClean {
+                        held.push((idx, m));
+                    } else {
+                        // Upgraded meanwhile (a write fault of another
+                        // thread of ours, a pin) on top of the stale copy:
+                        // dropped as the notice would have had it.
+                        self.invalidate(seg, idx, &mut m)?;
+                    }
+                }
+            }
+            let r = self.refresh_run(seg, &mut held);
+            if r.is_err() {
+                for (idx, m) in held.iter_mut() {
+                    let _ = self.invalidate(seg, *idx, m);
+                }
+            }
+            r?;
+            k += n;
+        }
+        list.clear();
+        Ok(())
+    }
+
+    /// Refreshes the copies `blocks` of `seg` (ascending, clean and readable,
+    /// their entries locked): [`Self::refresh`] for one segment.
+    fn refresh_run(
+        &self,
+        seg: &Segment<U>,
+        blocks: &mut [(usize, ct_sync::MutexGuard<'_, BlockMeta, U>)],
+    ) -> DsmResult<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let bs = seg.block_size;
+        let idxs: Vec<usize> = blocks.iter().map(|(j, _)| *j).collect();
+        let mut lads = self.lock_for_prefetch(seg, &idxs)?;
+        // The new versions, one read per run of contiguous blocks held by
+        // the same other process.
+        let mut fresh = vec![0u64; blocks.len() * bs / 8];
+        let homes: Vec<usize> = idxs
+            .iter()
+            .zip(&lads)
+            .map(|(&j, lad)| self.tx_home(seg, j, lad))
+            .collect();
+        {
+            let mut runs = Vec::new();
+            let mut rest: &mut [u64] = &mut fresh;
+            let mut k = 0;
+            while k < blocks.len() {
+                let mut n = 1;
+                while k + n < blocks.len() && idxs[k + n] == idxs[k] + n && homes[k + n] == homes[k]
+                {
+                    n += 1;
+                }
+                let (run, tail) = rest.split_at_mut(n * bs / 8);
+                rest = tail;
+                if homes[k] != self.rank {
+                    // SAFETY: `run` is `n * bs` bytes of plain words.
+                    let dst = unsafe {
+                        core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), n * bs)
+                    };
+                    runs.push((seg.data_win.at(homes[k], seg.offset(idxs[k])), dst));
+                    self.stats
+                        .bytes_fetched
+                        .fetch_add(n * bs, Ordering::Relaxed);
+                }
+                k += n;
+            }
+            self.com.read_all(&mut runs)?;
+        }
+        for (k, ((j, m), lad)) in blocks.iter_mut().zip(lads.iter_mut()).enumerate() {
+            if homes[k] != self.rank {
+                let new = &fresh[k * bs / 8..(k + 1) * bs / 8];
+                let data = seg.sys(*j).cast::<u64>();
+                for (w, &v) in new.iter().enumerate() {
+                    // SAFETY: word `w` of our copy of block `j` (`bs`
+                    // bytes, 8-aligned), whose entry lock we hold: only this
+                    // process's threads may access it meanwhile, reading
+                    // through the application view words that did not
+                    // change, which are not rewritten. Volatile: the
+                    // compiler must neither merge nor widen these stores.
+                    unsafe {
+                        let p = data.add(w);
+                        if p.read_volatile() != v {
+                            p.write_volatile(v);
+                        }
+                    }
+                }
+            }
+            bump(&self.stats.transactions);
+            self.transaction_locked(
+                seg,
+                *j,
+                m,
+                TxKind::Prefetch,
+                BlockState::ReadonlyClean,
+                false,
+                lad,
+            )?;
+            self.unlock_block(seg, *j, *lad)?;
+            bump(&self.stats.refreshed);
+        }
+        Ok(())
+    }
+
+    /// Drops the copies still listed for refresh (an acquire that failed).
+    fn drop_listed(&self, list: &[usize]) {
+        for &addr in list {
+            if let Some((seg, idx)) = self.locate(addr) {
+                let mut m = seg.entry(idx).lock();
+                if m.refresh_pending {
+                    m.refresh_pending = false;
+                    let _ = self.invalidate(seg, idx, &mut m);
+                }
+            }
+        }
     }
 
     /// Invalidates the copies that `notices` make stale, remembering each
     /// notice's writer and interval for a later fast read.
-    fn apply_notices(&self, notices: &[WriteNotice]) -> DsmResult<()> {
+    ///
+    /// With `refresh`, a stale copy of a hot block is listed there instead,
+    /// still readable (see [`Self::keep_for_refresh`]).
+    fn apply_notices(
+        &self,
+        notices: &[WriteNotice],
+        mut refresh: Option<&mut Vec<usize>>,
+    ) -> DsmResult<()> {
         for wn in notices {
             if wn.writer() == self.rank {
                 continue;
@@ -77,6 +265,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             }
             let mut m = seg.entry(idx).lock();
             if wn.wr_ts > m.cur_rd {
+                if let Some(list) = refresh.as_deref_mut()
+                    && self.keep_for_refresh(seg, idx, &mut m)
+                {
+                    list.push(seg.app(idx));
+                    continue;
+                }
                 self.invalidate(seg, idx, &mut m)?;
                 if !m.state.readable() {
                     m.home = wn.writer() as u32 + 1;
@@ -106,12 +300,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 U::spawn(move || {
                     let mine: Vec<WriteNotice> =
                         notices.iter().copied().skip(t).step_by(tasks).collect();
-                    me.apply_notices(&mine)
+                    me.apply_notices(&mine, None)
                 })
             })
             .collect();
         let mine: Vec<WriteNotice> = notices.iter().copied().step_by(tasks).collect();
-        let mut result = self.apply_notices(&mine);
+        let mut result = self.apply_notices(&mine, None);
         for h in handles {
             let r = h.join();
             if result.is_ok() {
@@ -122,8 +316,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     }
 
     /// Raises the acquire timestamp to `min` and drops every copy whose
-    /// lease ends before it.
-    pub(super) fn self_invalidate(&self, min: u64) -> DsmResult<()> {
+    /// lease ends before it. With `refresh`, an expired copy of a hot block
+    /// is listed there instead, still readable.
+    fn self_invalidate(&self, min: u64, mut refresh: Option<&mut Vec<usize>>) -> DsmResult<()> {
         let prev = self.acq_ts.fetch_max(min, Ordering::AcqRel);
         if min <= prev {
             return Ok(());
@@ -151,6 +346,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             }
             if self.is_fixed_home(seg, idx) || m.cur_rd >= min {
                 back.push(Reverse((m.cur_rd.max(min), addr)));
+                continue;
+            }
+            if let Some(list) = refresh.as_deref_mut()
+                && self.keep_for_refresh(seg, idx, &mut m)
+            {
+                // Listed again in the read set by the refresh.
+                m.in_read_set = false;
+                list.push(addr);
                 continue;
             }
             self.invalidate(seg, idx, &mut m)?;

@@ -139,6 +139,8 @@ pub struct Stats {
     pub barrier_wait_ns: AtomicU64,
     /// Blocks fetched ahead of sequential read misses.
     pub prefetched: AtomicUsize,
+    /// Stale copies refreshed in place by acquires.
+    pub refreshed: AtomicUsize,
 }
 
 /// Counters as plain numbers.
@@ -182,6 +184,10 @@ pub struct StatsSnapshot {
     pub barrier_wait_ns: u64,
     /// Blocks fetched ahead of sequential read misses (`MENPS_DSM_PREFETCH`).
     pub prefetched: usize,
+    /// Stale copies of hot blocks refreshed in place by acquires instead of
+    /// dropped (`MENPS_DSM_REFRESH`): read misses saved when the program
+    /// reads them again.
+    pub refreshed: usize,
 }
 
 impl core::fmt::Display for StatsSnapshot {
@@ -194,7 +200,7 @@ impl core::fmt::Display for StatsSnapshot {
              idle_releases={} fast_reads={} \
              invalidations={} bytes_fetched={} barriers={} flushes={} fault_ms={:.3} \
              release_ms={:.3} acquire_ms={:.3} barrier_ms={:.3} barrier_wait_ms={:.3} \
-             prefetched={}",
+             prefetched={} refreshed={}",
             self.read_faults,
             self.write_faults,
             self.written_ahead,
@@ -212,6 +218,7 @@ impl core::fmt::Display for StatsSnapshot {
             ms(self.barrier_ns),
             ms(self.barrier_wait_ns),
             self.prefetched,
+            self.refreshed,
         )
     }
 }
@@ -255,6 +262,7 @@ impl Stats {
             barrier_ns: t(&self.barrier_ns),
             barrier_wait_ns: t(&self.barrier_wait_ns),
             prefetched: l(&self.prefetched),
+            refreshed: l(&self.refreshed),
         }
     }
 }
@@ -673,6 +681,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut m = seg.entry(idx).lock();
         if m.state.readable() {
             return Ok(());
+        }
+        if m.dropped {
+            // Read again after an acquire dropped it: hot.
+            m.dropped = false;
+            m.refreshes = self.cfg.refreshes;
         }
         let cap = self.prefetch_cap(seg);
         let ahead = if cap > 0 {

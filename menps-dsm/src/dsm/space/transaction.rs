@@ -157,7 +157,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// first, so that every lock waited for is above all the locks held —
     /// all nesting of block locks within a segment is ascending, which
     /// rules out deadlocks. Under the fixed policy they are taken in order.
-    fn lock_for_prefetch(&self, seg: &Segment<U>, blocks: &[usize]) -> DsmResult<Vec<Lad>> {
+    pub(super) fn lock_for_prefetch(
+        &self,
+        seg: &Segment<U>,
+        blocks: &[usize],
+    ) -> DsmResult<Vec<Lad>> {
         if self.cfg.writer == WriterPolicy::Fixed {
             return blocks.iter().map(|&j| self.lock_block(seg, j)).collect();
         }
