@@ -99,6 +99,11 @@ fn atomic_increments_all_policies() {
 }
 
 #[test]
+fn atomics_run_at_the_home_all_policies() {
+    run_everywhere("atomics_at_home", &[2, 3]);
+}
+
+#[test]
 fn single_writer_never_stale_all_policies() {
     run_everywhere("single_writer", &[2, 3]);
 }

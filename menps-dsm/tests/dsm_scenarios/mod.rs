@@ -50,6 +50,7 @@ pub fn job_entry() {
         "shared_block_rounds" => shared_block_rounds(&dsm),
         "mutex_increments" => mutex_increments(&dsm),
         "atomic_increments" => atomic_increments(&dsm),
+        "atomics_at_home" => atomics_at_home(&dsm),
         "single_writer" => single_writer(&dsm),
         "phased_writers" => phased_writers(&dsm),
         "rewritten_runs" => rewritten_runs(&dsm),
@@ -254,6 +255,66 @@ fn atomic_increments(dsm: &D) {
 /// Process 0 writes a new value into one block every iteration; the others
 /// read it after each barrier: never a stale value (the fast-release hole of
 /// the original).
+/// Atomics at the block's home: process 0 writes a block (and becomes its
+/// home), then every other process adds 1 to a word of it `ROUNDS` times
+/// with relaxed DSM atomics (a C reduction's `lock cmpxchg` loop: a guess
+/// read locally, then compare-and-swap); after a barrier everybody checks
+/// the total and the block's other words. Under the floating home (not
+/// with the directory policy) an atomic runs on the home's word and moves
+/// no block: the others fetch the block at most twice (a miss for the
+/// first guess, the read after the barrier), and process 0, whose copy
+/// stays the latest version, fetches nothing.
+fn atomics_at_home(dsm: &D) {
+    const ROUNDS: u64 = 100;
+    const WORDS: usize = 1024; // an 8 KiB block
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let p = dsm.alloc_segment(WORDS * 8, WORDS * 8).unwrap() as *mut u64;
+    let at = |w: usize| {
+        // SAFETY: inside the segment.
+        unsafe { p.add(w) }
+    };
+    if me == 0 {
+        for w in 0..WORDS {
+            // SAFETY: only process 0 writes, before the barrier.
+            unsafe { at(w).write(word(7, w)) };
+        }
+    }
+    dsm.barrier().unwrap();
+    let before = dsm.stats();
+    if me != 0 {
+        for _ in 0..ROUNDS {
+            // SAFETY: a guess of the counter's value (may be stale).
+            let mut cur = unsafe { at(5).read_volatile() };
+            while let Err(actual) = dsm.compare_exchange_relaxed(at(5), cur, cur + 1).unwrap() {
+                cur = actual;
+            }
+        }
+    }
+    dsm.barrier().unwrap();
+    let after = dsm.stats();
+    for w in 0..WORDS {
+        let want = if w == 5 {
+            word(7, 5) + ROUNDS * (n as u64 - 1)
+        } else {
+            word(7, w)
+        };
+        // SAFETY: written before the barrier.
+        assert_eq!(unsafe { at(w).read() }, want, "process {me}: word {w}");
+    }
+    let cfg = dsm.config();
+    if cfg.writer == WriterPolicy::Floating
+        && cfg.invalidation != menps_dsm::dsm::InvalidationPolicy::Directory
+    {
+        let fetched = after.bytes_fetched - before.bytes_fetched;
+        let most = if me == 0 { 0 } else { 2 * WORDS * 8 };
+        assert!(
+            fetched <= most,
+            "process {me}: {fetched} bytes fetched for {ROUNDS} atomics (at most {most} \
+             expected): the atomics moved the block; {after}"
+        );
+    }
+}
+
 fn single_writer(dsm: &D) {
     let me = dsm.rank();
     let seg = dsm.alloc_segment(32 * 1024, 32 * 1024).unwrap() as *mut u64;

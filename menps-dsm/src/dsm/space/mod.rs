@@ -1096,7 +1096,18 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         })?;
         let mut m = seg.entry(idx).lock();
         let at = addr - seg.app(idx);
-        let r = self.transaction(seg, idx, &mut m, TxKind::Atomic(at, op));
+        let at_home = self.cfg.writer == WriterPolicy::Floating
+            && self.cfg.invalidation != InvalidationPolicy::Directory
+            && !m.force_tx;
+        let r = match at_home {
+            true => self.atomic_at_home(seg, idx, &mut m, at, op),
+            false => Ok(None),
+        };
+        let r = match r {
+            Ok(Some(old)) => Ok(old),
+            Ok(None) => self.transaction(seg, idx, &mut m, TxKind::Atomic(at, op)),
+            Err(e) => Err(e),
+        };
         self.guard(r)
     }
 }

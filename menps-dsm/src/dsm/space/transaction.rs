@@ -2,7 +2,7 @@
 //! with the latest version, and fast release (Endo 2020 §3.4.2, §3.4.6,
 //! §3.5.4).
 
-use core::sync::atomic::{Ordering, fence};
+use core::sync::atomic::{AtomicU64, Ordering, fence};
 
 use ct_worker::UltItf;
 
@@ -249,6 +249,106 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             self.unlock_block(seg, *j, *lad)?;
         }
         Ok(())
+    }
+
+    /// An atomic operation under the floating home, performed on the word
+    /// of the block's latest version where it is — at its last writer, with
+    /// the communication layer's remote atomics — instead of by a
+    /// transaction that would take the whole block here and make this
+    /// process its home (two block transfers and a copy back for one word,
+    /// and the old home's copy dropped: a reduction into a variable of
+    /// `main`'s frame moved its block back and forth at every region).
+    ///
+    /// Under the block's global lock: the operation on the home's copy, the
+    /// same value into the home's twin (so the home's next release does not
+    /// take the word for a change of its own), a new interval in the LAD
+    /// and, if the word was written, a write notice naming the home, so
+    /// that acquirers drop their copies; this process's own copy, if it has
+    /// one, gets the word too (a read after the operation sees it). The
+    /// home stays where it was. Returns `None`, the lock given back
+    /// unchanged, when no process wrote the block yet (every process holds
+    /// the initial version: the transaction makes this one the home).
+    pub(super) fn atomic_at_home(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &mut BlockMeta,
+        at: usize,
+        op: AtomicOp,
+    ) -> DsmResult<Option<u64>> {
+        let mut lad = self.lock_block(seg, idx)?;
+        if lad.last_writer == 0 {
+            self.unlock_block(seg, idx, lad)?;
+            return Ok(None);
+        }
+        bump(&self.stats.transactions);
+        let home = lad.last_writer as usize - 1;
+        let off = seg.offset(idx) + at as u64;
+        let word = seg.data_win.at(home, off);
+        let result = (|| -> DsmResult<(u64, Option<u64>)> {
+            Ok(match op {
+                AtomicOp::Load => (self.com.atomic_load(word)?, None),
+                AtomicOp::FetchAdd(d) => {
+                    let old = self.com.fetch_add(word, d)?;
+                    (old, Some(old.wrapping_add(d)))
+                }
+                AtomicOp::CompareExchange(e, n) => {
+                    let old = self.com.compare_and_swap(word, e, n)?;
+                    (old, (old == e).then_some(n))
+                }
+                AtomicOp::Store(v) => {
+                    let mut old = self.com.atomic_load(word)?;
+                    loop {
+                        let seen = self.com.compare_and_swap(word, old, v)?;
+                        if seen == old {
+                            break (old, Some(v));
+                        }
+                        old = seen;
+                    }
+                }
+            })
+        })();
+        let (old, new) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                // Given back as it was (the DSM fails with the error).
+                let _ = self.unlock_block(seg, idx, lad);
+                return Err(e);
+            }
+        };
+        let mut notice = None;
+        if let Some(v) = new {
+            self.com
+                .write(seg.twin_win.at(home, off), &v.to_le_bytes())?;
+            self.com.flush(home)?;
+            let (wr, rd) = self.next_interval(&lad, true);
+            lad.wr = wr;
+            lad.rd = rd;
+            notice = Some(WriteNotice::new(seg.app(idx), home, wr, rd));
+            if home == self.rank {
+                if m.state.readable() {
+                    m.cur_wr = wr;
+                    m.cur_rd = rd;
+                }
+            } else if m.state.readable() || m.state.dirty() {
+                // SAFETY: word `at / 8` of our copy and twin of the block,
+                // 8-aligned, under the entry lock; this process's threads
+                // may access the copy meanwhile, so atomically.
+                unsafe {
+                    AtomicU64::from_ptr(seg.sys(idx).add(at).cast()).store(v, Ordering::Relaxed);
+                    AtomicU64::from_ptr(seg.twin_of(idx).add(at).cast())
+                        .store(v, Ordering::Relaxed);
+                }
+            }
+        }
+        // The lock stays here and our LAD slot will describe the block:
+        // fast release may apply only if our copy is the latest version.
+        m.written_last = home == self.rank;
+        self.unlock_block(seg, idx, lad)?;
+        if let Some(wn) = notice {
+            self.rel_sig.lock().push(wn);
+        }
+        Ok(Some(old))
     }
 
     /// Process whose copy holds the version the LAD describes.
