@@ -263,7 +263,10 @@ fn atomic_increments(dsm: &D) {
 /// with the directory policy) an atomic runs on the home's word and moves
 /// no block: the others fetch the block at most twice (a miss for the
 /// first guess, the read after the barrier), and process 0, whose copy
-/// stays the latest version, fetches nothing.
+/// stays the latest version, fetches nothing. Then program order: process
+/// 1 rewrites a word (and becomes the home); process 0 writes the word and,
+/// with its write still pending in its copy, compares and swaps it — the
+/// operation must see that write, not the home's older value.
 fn atomics_at_home(dsm: &D) {
     const ROUNDS: u64 = 100;
     const WORDS: usize = 1024; // an 8 KiB block
@@ -313,6 +316,22 @@ fn atomics_at_home(dsm: &D) {
              expected): the atomics moved the block; {after}"
         );
     }
+    dsm.barrier().unwrap();
+    if me == 1 {
+        // SAFETY: only process 1 writes the word, between barriers.
+        unsafe { at(9).write(100) };
+    }
+    dsm.barrier().unwrap();
+    if me == 0 {
+        // SAFETY: only process 0 writes the word, between barriers.
+        unsafe { at(9).write(5) };
+        let r = dsm.compare_exchange_relaxed(at(9), 5, 6).unwrap();
+        assert_eq!(r, Ok(5), "the atomic did not see this process's own write");
+    }
+    dsm.barrier().unwrap();
+    // SAFETY: written before the barrier.
+    let v = unsafe { at(9).read() };
+    assert_eq!(v, 6, "process {me}: the word after the atomic");
 }
 
 fn single_writer(dsm: &D) {

@@ -1099,9 +1099,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let at_home = self.cfg.writer == WriterPolicy::Floating
             && self.cfg.invalidation != InvalidationPolicy::Directory
             && !m.force_tx;
-        let r = match at_home {
-            true => self.atomic_at_home(seg, idx, &mut m, at, op),
-            false => Ok(None),
+        let r = if at_home {
+            self.atomic_at_home(seg, idx, &mut m, at, op)
+        } else {
+            Ok(None)
         };
         let r = match r {
             Ok(Some(old)) => Ok(old),

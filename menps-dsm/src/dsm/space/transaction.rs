@@ -266,8 +266,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// that acquirers drop their copies; this process's own copy, if it has
     /// one, gets the word too (a read after the operation sees it). The
     /// home stays where it was. Returns `None`, the lock given back
-    /// unchanged, when no process wrote the block yet (every process holds
-    /// the initial version: the transaction makes this one the home).
+    /// unchanged, when the transaction must do it: no process wrote the
+    /// block yet (every process holds the initial version: the transaction
+    /// makes this one the home), or a write of this process to the word is
+    /// pending in its copy (program order: the operation must see it, and
+    /// the transaction merges it first).
     pub(super) fn atomic_at_home(
         &self,
         seg: &Segment<U>,
@@ -281,8 +284,27 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             self.unlock_block(seg, idx, lad)?;
             return Ok(None);
         }
-        bump(&self.stats.transactions);
         let home = lad.last_writer as usize - 1;
+        // SAFETY: word `at / 8` of our copy and of our twin of the block,
+        // 8-aligned, inside them; accessed atomically, as this process's
+        // threads may access the copy meanwhile.
+        let (mine, base) = unsafe {
+            (
+                AtomicU64::from_ptr(seg.sys(idx).add(at).cast()),
+                AtomicU64::from_ptr(seg.twin_of(idx).add(at).cast()),
+            )
+        };
+        let dirty = m.state.dirty();
+        if home != self.rank
+            && dirty
+            && mine.load(Ordering::Relaxed) != base.load(Ordering::Relaxed)
+        {
+            // A write of ours to the word is pending: the operation must see
+            // it, so the transaction merges it first.
+            self.unlock_block(seg, idx, lad)?;
+            return Ok(None);
+        }
+        bump(&self.stats.transactions);
         let off = seg.offset(idx) + at as u64;
         let word = seg.data_win.at(home, off);
         let result = (|| -> DsmResult<(u64, Option<u64>)> {
@@ -330,15 +352,17 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     m.cur_wr = wr;
                     m.cur_rd = rd;
                 }
-            } else if m.state.readable() || m.state.dirty() {
-                // SAFETY: word `at / 8` of our copy and twin of the block,
-                // 8-aligned, under the entry lock; this process's threads
-                // may access the copy meanwhile, so atomically.
-                unsafe {
-                    AtomicU64::from_ptr(seg.sys(idx).add(at).cast()).store(v, Ordering::Relaxed);
-                    AtomicU64::from_ptr(seg.twin_of(idx).add(at).cast())
-                        .store(v, Ordering::Relaxed);
-                }
+            } else if dirty {
+                // The home's change merged into our copy as a release merge
+                // does (only its bits flip: another thread of ours may be
+                // writing another field of the word), and the twin takes it
+                // as base.
+                let b = base.load(Ordering::Relaxed);
+                mine.fetch_xor(b ^ v, Ordering::Relaxed);
+                base.store(v, Ordering::Relaxed);
+            } else if m.state.readable() {
+                // A clean copy: nobody of ours writes it (it is protected).
+                mine.store(v, Ordering::Relaxed);
             }
         }
         // The lock stays here and our LAD slot will describe the block:
