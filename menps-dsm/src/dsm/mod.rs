@@ -400,8 +400,11 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     }
 
     /// [`Dsm::compare_exchange`] without ordering (a relaxed atomic): the
-    /// operation is atomic on the coherent copy of the word's block (a
-    /// transaction under the block's global lock) and becomes visible to
+    /// operation is atomic on the coherent copy of the word's block (under
+    /// the block's global lock: on the word of its latest version, at the
+    /// process that holds it, under the floating home; a transaction on the
+    /// block otherwise, or when a write of this process to the word is
+    /// still pending) and becomes visible to
     /// other processes at their next acquire after this process's next
     /// release, like a plain write — but it never races with the other
     /// processes' relaxed atomics on the same word. Much cheaper than the

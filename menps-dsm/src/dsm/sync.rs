@@ -22,10 +22,12 @@
 //!   changed since it last looked. Two processes that flush in turn thus
 //!   see each other's writes without meeting anywhere; a flush that finds
 //!   nothing new costs one remote word read per process.
-//! - **Atomics** run as a transaction on the word's block (which serialises
-//!   them with every merge of that block) inside a *sync slot*: one of 64
-//!   extra mutexes chosen by the block, whose signature gives them release
-//!   and acquire semantics.
+//! - **Atomics** run under the word's block lock (which serialises them
+//!   with every merge of that block) — under the floating home on the word
+//!   of the block's latest version, with a remote atomic at its last writer
+//!   (`Space::atomic_at_home`), otherwise as a transaction on the block —
+//!   inside a *sync slot*: one of 64 extra mutexes chosen by the block,
+//!   whose signature gives them release and acquire semantics.
 
 use ct_sync::{Mutex, RawLock, RawMutex};
 use ct_worker::UltItf;
