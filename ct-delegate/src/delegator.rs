@@ -482,6 +482,9 @@ where
     /// instead and retried later — never dropped.
     ///
     /// Returns `true` iff the request was executed before this call returned.
+    /// Without a consumer thread a request is always executed before this
+    /// call returns (by the caller, once it has the lock), so this returns
+    /// `true`; only a running consumer thread takes requests off the caller.
     #[inline]
     pub fn execute_or_delegate(
         &self,
@@ -502,9 +505,10 @@ where
             if done {
                 return true;
             }
-            // Refused inline: queue the request (executed by us at once if
-            // the lock is free, else by its holder or the consumer).
-            return self.delegate(del());
+            // Refused inline: hand the request on as the contended path does
+            // (to the holder or consumer thread if one runs; without a
+            // consumer we take the lock and execute it before returning).
+            return self.execute_or_delegate_contended(|_| false, del);
         }
         self.execute_or_delegate_contended(imm, del)
     }
@@ -851,6 +855,26 @@ mod loom_tests {
                 },
                 || 1,
             );
+            t.join().unwrap();
+            assert_eq!(d.lock().0, 11);
+        });
+    }
+
+    /// No consumer, and the inline attempt refuses: the request is still
+    /// executed before `execute_or_delegate` returns, even when a lock user
+    /// takes the lock between the refusal and the hand-over.
+    #[test]
+    fn loom_refused_inline_without_consumer_runs_before_return() {
+        model(2, || {
+            let d = Arc::new(Delegator::<Count, LoomItf>::new(Count(0)));
+            let d2 = d.clone();
+            let t = loom::thread::spawn(move || {
+                let mut g = d2.lock();
+                g.0 += 10;
+            });
+            let ran = d.execute_or_delegate(|_| false, || 1);
+            assert!(ran, "without a consumer the request runs before return");
+            assert!(d.lock().0 % 10 == 1, "executed exactly once");
             t.join().unwrap();
             assert_eq!(d.lock().0, 11);
         });
