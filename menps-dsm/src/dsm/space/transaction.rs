@@ -519,13 +519,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 }
             } else {
                 if dirty {
-                    let merged = self.merge_checked(
-                        seg,
-                        idx,
-                        home,
-                        (data, twin, &tmp.buf),
-                        diff::write_merge,
-                    )?;
+                    // Only a writable (pinned) copy may be written by this
+                    // process's threads during the merge.
+                    let merge = if write_protected {
+                        diff::write_merge_exclusive
+                    } else {
+                        diff::write_merge
+                    };
+                    let merged =
+                        self.merge_checked(seg, idx, home, (data, twin, &tmp.buf), merge)?;
                     written = merged.local_changes;
                     exported = !written;
                 } else {
@@ -612,8 +614,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // in a transaction outside a release (a relaxed atomic, a miss),
         // let the next write list the block a second time.
         m.state = new_state;
-        // A prefetch's caller protects its blocks together.
-        if (new_state != was || !was.readable()) && !matches!(kind, TxKind::Prefetch) {
+        // A prefetch's caller protects its blocks together; a copy protected
+        // before the merge is read-only already.
+        let protected_already = protect_before && new_state.prot() == libc::PROT_READ;
+        if (new_state != was || !was.readable())
+            && !protected_already
+            && !matches!(kind, TxKind::Prefetch)
+        {
             self.protect(seg, idx, new_state)?;
         }
         self.add_to_read_set(seg, idx, m);
