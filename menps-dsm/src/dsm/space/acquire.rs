@@ -162,41 +162,29 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let idxs: Vec<usize> = blocks.iter().map(|(j, _)| *j).collect();
         let mut lads = self.lock_for_prefetch(seg, &idxs)?;
         // The new versions, one read per run of contiguous blocks held by
-        // the same other process.
+        // the same other process; block `k`'s at `fresh[k]`, if fetched.
         let mut fresh = vec![0u64; blocks.len() * bs / 8];
-        let homes: Vec<usize> = idxs
-            .iter()
-            .zip(&lads)
-            .map(|(&j, lad)| self.tx_home(seg, j, lad))
-            .collect();
+        let mut fetched = vec![false; blocks.len()];
         {
-            let mut runs = Vec::new();
+            let mut reads = Vec::new();
             let mut rest: &mut [u64] = &mut fresh;
-            let mut k = 0;
-            while k < blocks.len() {
-                let mut n = 1;
-                while k + n < blocks.len() && idxs[k + n] == idxs[k] + n && homes[k + n] == homes[k]
-                {
-                    n += 1;
-                }
-                let (run, tail) = rest.split_at_mut(n * bs / 8);
+            let mut at = 0;
+            for (k, n, home) in self.remote_runs(seg, &idxs, &lads) {
+                let (_, tail) = rest.split_at_mut((k - at) * bs / 8);
+                let (run, tail) = tail.split_at_mut(n * bs / 8);
                 rest = tail;
-                if homes[k] != self.rank {
-                    // SAFETY: `run` is `n * bs` bytes of plain words.
-                    let dst = unsafe {
-                        core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), n * bs)
-                    };
-                    runs.push((seg.data_win.at(homes[k], seg.offset(idxs[k])), dst));
-                    self.stats
-                        .bytes_fetched
-                        .fetch_add(n * bs, Ordering::Relaxed);
-                }
-                k += n;
+                at = k + n;
+                fetched[k..k + n].fill(true);
+                // SAFETY: `run` is `n * bs` bytes of plain words.
+                let dst = unsafe {
+                    core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), n * bs)
+                };
+                reads.push((seg.data_win.at(home, seg.offset(idxs[k])), dst));
             }
-            self.com.read_all(&mut runs)?;
+            self.com.read_all(&mut reads)?;
         }
         for (k, ((j, m), lad)) in blocks.iter_mut().zip(lads.iter_mut()).enumerate() {
-            if homes[k] != self.rank {
+            if fetched[k] {
                 let new = &fresh[k * bs / 8..(k + 1) * bs / 8];
                 let data = seg.sys(*j).cast::<u64>();
                 for (w, &v) in new.iter().enumerate() {

@@ -157,6 +157,40 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// first, so that every lock waited for is above all the locks held —
     /// all nesting of block locks within a segment is ascending, which
     /// rules out deadlocks. Under the fixed policy they are taken in order.
+    /// The reads of a batched fetch of blocks `idxs` (ascending, their
+    /// LADs `lads`, locked): one per maximal run of contiguous blocks whose
+    /// latest version is at the same other process, as `(position in
+    /// idxs, length, home)`. Blocks whose latest version is ours are left
+    /// out. The runs' bytes are counted as fetched.
+    pub(super) fn remote_runs(
+        &self,
+        seg: &Segment<U>,
+        idxs: &[usize],
+        lads: &[Lad],
+    ) -> Vec<(usize, usize, usize)> {
+        let homes: Vec<usize> = idxs
+            .iter()
+            .zip(lads)
+            .map(|(&j, lad)| self.tx_home(seg, j, lad))
+            .collect();
+        let mut runs = Vec::new();
+        let mut k = 0;
+        while k < idxs.len() {
+            let mut n = 1;
+            while k + n < idxs.len() && idxs[k + n] == idxs[k] + n && homes[k + n] == homes[k] {
+                n += 1;
+            }
+            if homes[k] != self.rank {
+                runs.push((k, n, homes[k]));
+                self.stats
+                    .bytes_fetched
+                    .fetch_add(n * seg.block_size, Ordering::Relaxed);
+            }
+            k += n;
+        }
+        runs
+    }
+
     pub(super) fn lock_for_prefetch(
         &self,
         seg: &Segment<U>,
@@ -217,29 +251,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         // One read per run of contiguous blocks with the same remote home.
         let mut runs = Vec::new();
-        let mut k = 0;
-        while k < blocks.len() {
-            let home = self.tx_home(seg, blocks[k].0, &lads[k]);
-            let mut n = 1;
-            while k + n < blocks.len()
-                && blocks[k + n].0 == blocks[k].0 + n
-                && self.tx_home(seg, blocks[k + n].0, &lads[k + n]) == home
-            {
-                n += 1;
-            }
-            if home != self.rank {
-                let first = blocks[k].0;
-                // SAFETY: our copies of blocks `first .. first + n`
-                // (contiguous in the window), which are invalid (the
-                // application view has no access) and whose entries are
-                // locked: nobody else touches them.
-                let dst = unsafe { core::slice::from_raw_parts_mut(seg.sys(first), n * bs) };
-                runs.push((seg.data_win.at(home, seg.offset(first)), dst));
-                self.stats
-                    .bytes_fetched
-                    .fetch_add(n * bs, Ordering::Relaxed);
-            }
-            k += n;
+        for (k, n, home) in self.remote_runs(seg, &idxs, &lads) {
+            let first = idxs[k];
+            // SAFETY: our copies of blocks `first .. first + n` (contiguous
+            // in the window), which are invalid (the application view has
+            // no access) and whose entries are locked: nobody else touches
+            // them.
+            let dst = unsafe { core::slice::from_raw_parts_mut(seg.sys(first), n * bs) };
+            runs.push((seg.data_win.at(home, seg.offset(first)), dst));
         }
         self.com.read_all(&mut runs)?;
         drop(runs);
