@@ -10,6 +10,7 @@ use crate::com::Communicator;
 
 use super::super::config::InvalidationPolicy;
 use super::super::error::DsmResult;
+use super::super::layout;
 use super::super::segment::{BlockMeta, BlockState, Segment};
 use super::super::signature::{Signature, WriteNotice};
 use super::{PARALLEL_RELEASE_MIN as PARALLEL_MIN, Space, TxKind, bump, parallel_min};
@@ -25,20 +26,50 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         idx: usize,
         m: &mut BlockMeta,
     ) -> DsmResult<()> {
+        if self.mark_invalid(m) {
+            return self.protect(seg, idx, m.state);
+        }
+        if m.state == BlockState::Pinned {
+            bump(&self.stats.invalidations);
+            self.transaction(seg, idx, m, TxKind::PinnedRefresh)?;
+        }
+        Ok(())
+    }
+
+    /// The first half of [`Space::invalidate`] for a copy that is simply
+    /// dropped (readable or writable, not pinned): marks it invalid and
+    /// returns `true`; the caller then takes away the application view's
+    /// access (`PROT_NONE`). Returns `false`, changing nothing, for the
+    /// other states.
+    fn mark_invalid(&self, m: &mut BlockMeta) -> bool {
         let new = match m.state {
             BlockState::ReadonlyClean => BlockState::InvalidClean,
             BlockState::ReadonlyDirty | BlockState::Writable => BlockState::InvalidDirty,
-            BlockState::Pinned => {
-                bump(&self.stats.invalidations);
-                self.transaction(seg, idx, m, TxKind::PinnedRefresh)?;
-                return Ok(());
-            }
-            BlockState::InvalidClean | BlockState::InvalidDirty => return Ok(()),
+            _ => return false,
         };
         bump(&self.stats.invalidations);
         m.state = new;
         m.dropped = true;
-        self.protect(seg, idx, new)
+        true
+    }
+
+    /// Takes away the access to a run of contiguous blocks of `seg` that
+    /// [`Space::mark_invalid`] marked (their entry locks held in `run`,
+    /// ascending) with one `mprotect`, and unlocks them: an acquire after a
+    /// phase that rewrote a whole array drops hundreds of neighbouring
+    /// copies, and one call per block also split the mapping into one area
+    /// per block.
+    fn protect_invalid_run(
+        &self,
+        seg: &Segment<U>,
+        run: &mut Vec<(usize, ct_sync::MutexGuard<'_, BlockMeta, U>)>,
+    ) -> DsmResult<()> {
+        let Some(&(first, _)) = run.first() else {
+            return Ok(());
+        };
+        let r = layout::protect(seg.app(first), run.len() * seg.block_size, libc::PROT_NONE);
+        run.clear();
+        r
     }
 
     /// Acquire fence with a signature: drops every copy a write notice or
@@ -241,6 +272,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         notices: &[WriteNotice],
         mut refresh: Option<&mut Vec<usize>>,
     ) -> DsmResult<()> {
+        // Copies dropped one after the other in the same segment lose their
+        // access together (notices come in address order from each
+        // release); their entry locks are held until then.
+        let mut run: Vec<(usize, ct_sync::MutexGuard<'_, BlockMeta, U>)> = Vec::new();
+        let mut run_seg: Option<&Segment<U>> = None;
         for wn in notices {
             if wn.writer() == self.rank {
                 continue;
@@ -248,6 +284,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             let Some((seg, idx)) = self.locate(wn.block()) else {
                 continue;
             };
+            if let Some(rs) = run_seg
+                && (!core::ptr::eq(rs, seg) || run.last().map(|r| r.0 + 1) != Some(idx))
+            {
+                run_seg = None;
+                self.protect_invalid_run(rs, &mut run)?;
+            }
             if self.is_fixed_home(seg, idx) {
                 continue;
             }
@@ -259,13 +301,23 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     list.push(seg.app(idx));
                     continue;
                 }
-                self.invalidate(seg, idx, &mut m)?;
+                let marked = self.mark_invalid(&mut m);
+                if !marked {
+                    self.invalidate(seg, idx, &mut m)?;
+                }
                 if !m.state.readable() {
                     m.home = wn.writer() as u32 + 1;
                     m.cur_wr = wn.wr_ts;
                     m.cur_rd = wn.rd_ts;
                 }
+                if marked {
+                    run.push((idx, m));
+                    run_seg = Some(seg);
+                }
             }
+        }
+        if let Some(rs) = run_seg {
+            self.protect_invalid_run(rs, &mut run)?;
         }
         Ok(())
     }

@@ -7,9 +7,16 @@ use ct_worker::{JoinHandleItf, UltItf};
 
 use crate::com::Communicator;
 
+use ct_sync::MutexGuard;
+
 use super::super::error::DsmResult;
-use super::super::segment::Segment;
+use super::super::layout;
+use super::super::segment::{BlockMeta, BlockState, Segment};
 use super::{PARALLEL_RELEASE_MIN, Space, TxKind, parallel_min};
+
+/// An idle block whose protection a release deferred: its address, its
+/// index in its segment and its entry lock.
+type IdleBlock<'a, U> = (usize, usize, MutexGuard<'a, BlockMeta, U>);
 
 /// The lists of a release fence, kept from one fence to the next.
 #[derive(Default)]
@@ -32,16 +39,66 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// here at the next fence, and a write before then finds it listed.
     pub(super) fn release_block(&self, seg: &Segment<U>, idx: usize) -> DsmResult<bool> {
         let mut m = seg.entry(idx).lock();
+        self.release_locked(seg, idx, &mut m, None)
+    }
+
+    /// [`Space::release_block`] under the entry lock the caller holds; with
+    /// `defer`, an idle block due to be protected is left to the caller (see
+    /// [`Space::fast_release`]), and counts as staying in the write set.
+    fn release_locked(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &mut BlockMeta,
+        defer: Option<&mut bool>,
+    ) -> DsmResult<bool> {
         if !m.in_write_set {
             return Ok(false);
         }
-        if m.state.dirty() && !self.fast_release(seg, idx, &mut m)? {
-            self.transaction(seg, idx, &mut m, TxKind::Release)?;
+        if m.state.dirty() && !self.fast_release(seg, idx, m, defer)? {
+            self.transaction(seg, idx, m, TxKind::Release)?;
         }
         if !m.state.dirty() {
             m.in_write_set = false;
         }
         Ok(m.in_write_set)
+    }
+
+    /// Protects a run of contiguous idle blocks of `seg` whose releases
+    /// deferred it (their entry locks held in `run`, ascending), with one
+    /// `mprotect` for the whole run: protecting block by block split the
+    /// mapping into one area per block, which made every later `mprotect`
+    /// of the segment slower too (the multigrid kernel's grids go idle
+    /// together, hundreds of blocks at a time). A block written meanwhile
+    /// is made writable again and stays listed, dirty: it is released at
+    /// the next fence, as a write made during this one may be. The blocks
+    /// that stay listed go to `keep`; `run` is emptied.
+    fn protect_idle_run(
+        &self,
+        seg: &Segment<U>,
+        run: &mut Vec<IdleBlock<'_, U>>,
+        keep: &mut Vec<usize>,
+    ) -> DsmResult<()> {
+        let Some(&(_, first, _)) = run.first() else {
+            return Ok(());
+        };
+        let bs = seg.block_size;
+        if let Err(e) = layout::protect(seg.app(first), run.len() * bs, libc::PROT_READ) {
+            keep.extend(run.drain(..).map(|(addr, _, _)| addr));
+            return Err(e);
+        }
+        let mut result = Ok(());
+        for (addr, idx, mut m) in run.drain(..) {
+            if self.idle_protected(seg, idx, &mut m) {
+                m.in_write_set = false;
+                continue;
+            }
+            keep.push(addr);
+            if let Err(e) = layout::protect(seg.app(idx), bs, BlockState::Writable.prot()) {
+                result = Err(e);
+            }
+        }
+        result
     }
 
     /// Release fence: every block with local changes is merged (or fast
@@ -72,6 +129,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             });
         }
         keep.clear();
+        // In address order, so that idle blocks are protected in runs.
+        blocks.sort_unstable();
         let parallel = blocks.len() >= parallel_min::<U>() && U::num_workers() > 1;
         let result = if parallel {
             let (k, r) = self.release_parallel(core::mem::take(blocks), U::num_workers());
@@ -90,8 +149,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// Releases `blocks` one after the other; adds the ones that stay in
     /// the write set to `keep`; returns the first error.
+    ///
+    /// Idle blocks due to be protected are protected in runs of contiguous
+    /// blocks ([`Space::protect_idle_run`]), so `blocks` should be sorted.
     pub(super) fn release_list(&self, blocks: &[usize], keep: &mut Vec<usize>) -> DsmResult<()> {
         let mut result = Ok(());
+        let mut run: Vec<IdleBlock<'_, U>> = Vec::new();
+        let mut run_seg: Option<&Segment<U>> = None;
         for &addr in blocks {
             if result.is_err() {
                 keep.push(addr);
@@ -100,13 +164,37 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             let Some((seg, idx)) = self.locate(addr) else {
                 continue;
             };
-            match self.release_block(seg, idx) {
+            // The run of idle blocks ends where the next block does not
+            // continue it.
+            if let Some(rs) = run_seg
+                && (!core::ptr::eq(rs, seg) || run.last().map(|r| r.1 + 1) != Some(idx))
+            {
+                run_seg = None;
+                if let Err(e) = self.protect_idle_run(rs, &mut run, keep) {
+                    keep.push(addr);
+                    result = Err(e);
+                    continue;
+                }
+            }
+            let mut m = seg.entry(idx).lock();
+            let mut deferred = false;
+            match self.release_locked(seg, idx, &mut m, Some(&mut deferred)) {
+                Ok(_) if deferred => {
+                    run.push((addr, idx, m));
+                    run_seg = Some(seg);
+                }
                 Ok(true) => keep.push(addr),
                 Ok(false) => {}
                 Err(e) => {
                     keep.push(addr);
                     result = Err(e);
                 }
+            }
+        }
+        if let Some(rs) = run_seg {
+            let r = self.protect_idle_run(rs, &mut run, keep);
+            if result.is_ok() {
+                result = r;
             }
         }
         result

@@ -683,11 +683,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// a row (the block's adaptive limit, see [`idle_limit`]) the block is
     /// protected and leaves the write set, so blocks written once cost
     /// nothing at later releases.
+    ///
+    /// With `defer`, a block due to be protected is left as it is and
+    /// `*defer` set: the caller protects it together with its neighbours
+    /// under the same entry lock ([`Space::protect_idle_run`]).
     pub(super) fn fast_release(
         &self,
         seg: &Segment<U>,
         idx: usize,
         m: &mut BlockMeta,
+        defer: Option<&mut bool>,
     ) -> DsmResult<bool> {
         if !(self.cfg.fast_release_active() && m.state.writable() && m.written_last) {
             return Ok(false);
@@ -738,24 +743,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 return Ok(true);
             }
             // Nothing to announce and the latest version is ours: protecting
-            // needs no transaction. Protect first, then look again: a word
-            // another thread of this process wrote after the comparison above
-            // would otherwise be left in a protected, clean copy that no
-            // release ever announces, and a reader would keep its old copy
-            // (a thread flushing in a wait loop counts idle releases fast,
-            // while its neighbour may be writing the block). Pinned blocks
-            // are never protected.
+            // needs no transaction. Pinned blocks are never protected.
+            if let Some(d) = defer {
+                *d = true;
+                return Ok(true);
+            }
             layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
-            if data[skip..] == base[skip..] {
-                // The block leaves the write set (`release_block`); the next
-                // write faults and lists it again (the twin is the base of
-                // the changes since the last transaction, so its copy then
-                // starts a clean diff).
-                bump(&self.stats.idle_releases);
-                m.state = BlockState::ReadonlyClean;
-                m.idle_releases = 0;
-                m.idled_at = self.release_count().max(1);
-                m.released = None;
+            if self.idle_protected(seg, idx, m) {
                 return Ok(true);
             }
             // Written meanwhile: writable again, and released as written.
@@ -840,6 +834,49 @@ fn idle_limit(m: &BlockMeta) -> u32 {
 }
 
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
+    /// Whether this process's copy of block `idx` is still what it last
+    /// released (as a release compares it, live memory only).
+    fn unchanged_since_release(&self, seg: &Segment<U>, idx: usize, m: &BlockMeta) -> bool {
+        let bs = seg.block_size;
+        // SAFETY: as in `fast_release`: this process's copy and twin of the
+        // block, under its entry lock, only read.
+        let (data, twin): (&[u64], &[u64]) = unsafe {
+            (
+                diff::words_mut(seg.sys(idx), bs),
+                diff::words_mut(seg.twin_of(idx), bs),
+            )
+        };
+        let skip = self.stack_live.get().map_or(0, |l| {
+            l.dead_prefix(seg.app(idx), super::live::stack_pointer())
+        }) / 8;
+        let base: &[u64] = m.released.as_deref().unwrap_or(twin);
+        data[skip..] == base[skip..]
+    }
+
+    /// The second half of an idle release that protects block `idx`, whose
+    /// application view the caller has just made read-only: looks at the
+    /// copy again, since a word another thread of this process wrote after
+    /// the release's comparison would otherwise be left in a protected,
+    /// clean copy that no release ever announces, and a reader would keep
+    /// its old copy (a thread flushing in a wait loop counts idle releases
+    /// fast, while its neighbour may be writing the block). If it is
+    /// unchanged the block becomes read-only and clean (it leaves the write
+    /// set in `release_block`; the next write faults and lists it again,
+    /// and the twin, the base of the changes since the last transaction,
+    /// then starts a clean diff) and this returns `true`; if not, the
+    /// caller makes it writable again.
+    pub(super) fn idle_protected(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) -> bool {
+        if !self.unchanged_since_release(seg, idx, m) {
+            return false;
+        }
+        bump(&self.stats.idle_releases);
+        m.state = BlockState::ReadonlyClean;
+        m.idle_releases = 0;
+        m.idled_at = self.release_count().max(1);
+        m.released = None;
+        true
+    }
+
     /// This process's release fences so far (wrapping).
     pub(super) fn release_count(&self) -> u32 {
         self.release_count.load(Ordering::Relaxed)
