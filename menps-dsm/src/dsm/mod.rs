@@ -38,7 +38,9 @@
 //!   written in one phase, released at every barrier of the others) is
 //!   *idle*: it announces nothing, and readers keep their copies; a block
 //!   idle at several releases in a row is protected and leaves the write
-//!   set.
+//!   set. A release goes through its blocks in address order, so that
+//!   neighbouring blocks that go idle together (an array's) are protected
+//!   with one `mprotect`; likewise the copies an acquire drops.
 //! - **Two-way merging**: invalidating a block with local changes keeps them
 //!   (`InvalidDirty`) and merges them at the next release.
 //! - **Sequential prefetch** (`MENPS_DSM_PREFETCH`, on by default): a read
