@@ -302,8 +302,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     continue;
                 }
                 let marked = self.mark_invalid(&mut m);
-                if !marked {
-                    self.invalidate(seg, idx, &mut m)?;
+                if !marked && let Err(e) = self.invalidate(seg, idx, &mut m) {
+                    // The copies already marked lose their access all the
+                    // same: a marked copy must never stay readable.
+                    drop(m);
+                    if let Some(rs) = run_seg {
+                        let _ = self.protect_invalid_run(rs, &mut run);
+                    }
+                    return Err(e);
                 }
                 if !m.state.readable() {
                     m.home = wn.writer() as u32 + 1;

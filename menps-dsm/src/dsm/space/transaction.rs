@@ -146,17 +146,6 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
     }
 
-    /// Takes the global locks of `blocks` (ascending) for a prefetch;
-    /// returns their LADs. Under the floating policy the locks are first
-    /// tried all at once ([`qlock::try_lock_all`]: the swaps at the
-    /// probable owners and the LADs' reads behind them in flight together),
-    /// so a run last written by one process costs one round trip however
-    /// long it is. From the first lock that is busy or has moved on, they
-    /// are taken one after the other as a miss takes them (waiting, and
-    /// following the lock): the ones tried and taken after it are given back
-    /// first, so that every lock waited for is above all the locks held —
-    /// all nesting of block locks within a segment is ascending, which
-    /// rules out deadlocks. Under the fixed policy they are taken in order.
     /// The reads of a batched fetch of blocks `idxs` (ascending, their
     /// LADs `lads`, locked): one per maximal run of contiguous blocks whose
     /// latest version is at the same other process, as `(position in
@@ -191,6 +180,17 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         runs
     }
 
+    /// Takes the global locks of `blocks` (ascending) for a prefetch;
+    /// returns their LADs. Under the floating policy the locks are first
+    /// tried all at once ([`qlock::try_lock_all`]: the swaps at the
+    /// probable owners and the LADs' reads behind them in flight together),
+    /// so a run last written by one process costs one round trip however
+    /// long it is. From the first lock that is busy or has moved on, they
+    /// are taken one after the other as a miss takes them (waiting, and
+    /// following the lock): the ones tried and taken after it are given back
+    /// first, so that every lock waited for is above all the locks held —
+    /// all nesting of block locks within a segment is ascending, which
+    /// rules out deadlocks. Under the fixed policy they are taken in order.
     pub(super) fn lock_for_prefetch(
         &self,
         seg: &Segment<U>,
