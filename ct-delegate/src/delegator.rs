@@ -837,17 +837,22 @@ mod loom_tests {
         model(2, with_consumer::<RingQueue<Entry<Count, LoomItf>, 4>>);
     }
 
+    /// A thread that takes the lock and adds 10.
+    fn spawn_lock_user(d: &Arc<Delegator<Count, LoomItf>>) -> loom::thread::JoinHandle<()> {
+        let d = d.clone();
+        loom::thread::spawn(move || {
+            let mut g = d.lock();
+            g.0 += 10;
+        })
+    }
+
     /// A lock user and a delegating thread, no consumer: the holder executes
     /// the delegated request.
     #[test]
     fn loom_delegator_without_consumer() {
         model(2, || {
             let d = Arc::new(Delegator::<Count, LoomItf>::new(Count(0)));
-            let d2 = d.clone();
-            let t = loom::thread::spawn(move || {
-                let mut g = d2.lock();
-                g.0 += 10;
-            });
+            let t = spawn_lock_user(&d);
             d.execute_or_delegate(
                 |c| {
                     c.0 += 1;
@@ -867,11 +872,7 @@ mod loom_tests {
     fn loom_refused_inline_without_consumer_runs_before_return() {
         model(2, || {
             let d = Arc::new(Delegator::<Count, LoomItf>::new(Count(0)));
-            let d2 = d.clone();
-            let t = loom::thread::spawn(move || {
-                let mut g = d2.lock();
-                g.0 += 10;
-            });
+            let t = spawn_lock_user(&d);
             let ran = d.execute_or_delegate(|_| false, || 1);
             assert!(ran, "without a consumer the request runs before return");
             assert!(d.lock().0 % 10 == 1, "executed exactly once");

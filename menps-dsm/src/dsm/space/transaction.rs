@@ -704,24 +704,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             return Ok(false);
         }
         let bs = seg.block_size;
-        // SAFETY: this process's copy and twin of the block, under its entry
-        // lock, read only. The copy may be written by this process's threads
-        // meanwhile (a word written after the comparison is a write after
-        // this release, announced by a later one); the twin only by another
-        // process's copy-back while it holds the global lock — which the
-        // check after the comparison rules out.
-        let (data, twin): (&[u64], &[u64]) = unsafe {
-            (
-                diff::words_mut(seg.sys(idx), bs),
-                diff::words_mut(seg.twin_of(idx), bs),
-            )
-        };
-        // Only live memory counts: on a call stack, what lies below the
-        // thread's program frames changes with every call into the runtime
-        // (a thread waiting for a flag flushes in a loop) and nobody reads it.
-        let skip = self.stack_live.get().map_or(0, |l| {
-            l.dead_prefix(seg.app(idx), super::live::stack_pointer())
-        }) / 8;
+        let (data, twin, skip) = self.release_view(seg, idx);
         // The version we released last: our snapshot of it if a fast release
         // made it, else the twin (a transaction's).
         let base: &[u64] = m.released.as_deref().unwrap_or(twin);
@@ -834,12 +817,20 @@ fn idle_limit(m: &BlockMeta) -> u32 {
 }
 
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
-    /// Whether this process's copy of block `idx` is still what it last
-    /// released (as a release compares it, live memory only).
-    fn unchanged_since_release(&self, seg: &Segment<U>, idx: usize, m: &BlockMeta) -> bool {
+    /// What a release compares of block `idx` (whose entry lock the caller
+    /// holds): this process's copy and twin, read only, and the number of
+    /// leading words to skip. Only live memory counts: on a call stack, what
+    /// lies below the thread's program frames changes with every call into
+    /// the runtime (a thread waiting for a flag flushes in a loop) and
+    /// nobody reads it.
+    fn release_view(&self, seg: &Segment<U>, idx: usize) -> (&[u64], &[u64], usize) {
         let bs = seg.block_size;
-        // SAFETY: as in `fast_release`: this process's copy and twin of the
-        // block, under its entry lock, only read.
+        // SAFETY: this process's copy and twin of the block, under its entry
+        // lock, read only. The copy may be written by this process's threads
+        // meanwhile (a word written after a release's comparison is a write
+        // after that release, announced by a later one); the twin only by
+        // another process's copy-back while it holds the global lock — which
+        // the release's check after the comparison rules out.
         let (data, twin): (&[u64], &[u64]) = unsafe {
             (
                 diff::words_mut(seg.sys(idx), bs),
@@ -849,6 +840,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let skip = self.stack_live.get().map_or(0, |l| {
             l.dead_prefix(seg.app(idx), super::live::stack_pointer())
         }) / 8;
+        (data, twin, skip)
+    }
+
+    /// Whether this process's copy of block `idx` is still what it last
+    /// released (as a release compares it, live memory only).
+    fn unchanged_since_release(&self, seg: &Segment<U>, idx: usize, m: &BlockMeta) -> bool {
+        let (data, twin, skip) = self.release_view(seg, idx);
         let base: &[u64] = m.released.as_deref().unwrap_or(twin);
         data[skip..] == base[skip..]
     }
