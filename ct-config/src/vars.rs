@@ -221,6 +221,14 @@ pub const MENPS_DSM_REFRESH: Var = var(
     "acquires that fetch a stale copy of a block read again after each invalidation anew, \
      instead of dropping it, before it is dropped once to test it (0: off)",
 );
+/// Pinning of blocks the processes write in turn.
+pub const MENPS_DSM_PIN_SHARED: Var = var(
+    "MENPS_DSM_PIN_SHARED",
+    BOOL,
+    "1",
+    "menps-dsm",
+    "keep a block that processes write in turn writable, merging the others' changes in place",
+);
 /// Race detection while merging.
 pub const MENPS_DSM_RACE_DETECTION: Var = var(
     "MENPS_DSM_RACE_DETECTION",
@@ -511,6 +519,7 @@ pub const ALL: &[Var] = &[
     MENPS_DSM_FAST_READ,
     MENPS_DSM_PREFETCH,
     MENPS_DSM_REFRESH,
+    MENPS_DSM_PIN_SHARED,
     MENPS_DSM_RACE_DETECTION,
     MENPS_STATS,
     MENPS_DSM_ON_RACE,

@@ -69,6 +69,11 @@ fn phased_writers_all_policies() {
 }
 
 #[test]
+fn handed_parts_all_policies() {
+    run_everywhere("handed_parts", &[2, 3, 4]);
+}
+
+#[test]
 fn rewritten_runs_all_policies() {
     run_everywhere("rewritten_runs", &[2, 3]);
 }

@@ -4,8 +4,9 @@
 //! one process as a drop-in for libgomp, or across processes with its whole
 //! memory in the DSM. Built as `libmenps_gomp.so` and `libmenps_gomp.a`.
 //!
-//! The library replaces `malloc` and its family, `exit` and
-//! `__libc_start_main` for the whole process it is loaded into; it is for
+//! The library replaces `malloc` and its family, `exit`,
+//! `__libc_start_main` and `pthread_create` (which it only watches, see
+//! [`threads`]) for the whole process it is loaded into; it is for
 //! C programs, not for Rust programs (which use menps-omp directly).
 //!
 //! # Using it
@@ -37,8 +38,8 @@
 //! (`omp_*`), [`heap`] (the C heap in the DSM), [`image`] (the
 //! executable's globals in the DSM), [`atomics`] (the program's locked
 //! instructions and fences on DSM memory), [`tls`] (thread-local storage
-//! per team thread), [`unsupported`] (entry points that abort with their
-//! name).
+//! per team thread), [`threads`] (the program's own OS threads, watched),
+//! [`unsupported`] (entry points that abort with their name).
 //!
 //! # Per-thread state
 //!
@@ -61,6 +62,7 @@ pub mod start;
 mod symbols;
 pub mod sync;
 pub mod tasks;
+pub mod threads;
 pub mod tls;
 pub mod unsupported;
 

@@ -50,7 +50,7 @@ pub const OUTPUT_VAR: &str = ct_config::vars::MENPS_OMP_OUTPUT.name;
 pub const ENABLE_VAR: &str = ct_config::vars::MENPS_GOMP.name;
 
 /// A function of the next object in the lookup order (libc's).
-fn next_symbol(name: &core::ffi::CStr) -> *mut c_void {
+pub(crate) fn next_symbol(name: &core::ffi::CStr) -> *mut c_void {
     // SAFETY: dlsym with a NUL-terminated name.
     unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) }
 }
@@ -213,6 +213,7 @@ fn start(argc: c_int, argv: usize, envp: usize) -> Result<c_int, Error> {
         extra_stacks: TASK_STACKS,
         uneven_teams: true,
         after_dsm: Some(after_dsm),
+        no_program_threads: Some(crate::threads::no_program_threads),
     };
     let inner = settings.clone();
     let r = run_in_job(com, &settings, hooks, move || {

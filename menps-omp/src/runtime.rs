@@ -79,6 +79,14 @@ pub struct StartHooks {
     pub uneven_teams: bool,
     /// Runs collectively once the DSM exists, before the team starts.
     pub after_dsm: Option<AfterDsm>,
+    /// Whether the program has started no OS thread of its own, asked on
+    /// every process once the team exists (`None`: not known). If so and
+    /// the team runs on one worker per process, all of the program's code
+    /// runs on that worker, and the DSM is told so
+    /// ([`Dsm::set_single_writer_thread`](menps_dsm::dsm::Dsm::set_single_writer_thread)):
+    /// whoever answers must turn that off when the program starts a thread
+    /// after all.
+    pub no_program_threads: Option<fn() -> bool>,
 }
 
 impl StartHooks {
@@ -87,6 +95,7 @@ impl StartHooks {
         extra_stacks: 0,
         uneven_teams: false,
         after_dsm: None,
+        no_program_threads: None,
     };
 }
 
@@ -286,7 +295,7 @@ pub fn run_in_job<R: Send>(
     let cfg = builder.build()?;
     let dsm: &'static ProgramDsm = Box::leak(Box::new(Dsm::with_config(com, cfg)?));
     let r = match hooks.after_dsm.map_or(Ok(()), |f| f(dsm)) {
-        Ok(()) => run_with_dsm(dsm, s, team_default, tpp, main),
+        Ok(()) => run_with_dsm(dsm, s, team_default, tpp, hooks.no_program_threads, main),
         Err(e) => Err(e),
     };
     // SAFETY: `dsm` was leaked above; the runtime that borrowed it is gone
@@ -303,10 +312,14 @@ fn run_with_dsm<R: Send>(
     s: &Settings,
     team_default: usize,
     tpp: usize,
+    no_program_threads: Option<fn() -> bool>,
     main: impl FnOnce() -> R + Send,
 ) -> Result<Option<R>, Error> {
     let ring = WsRing::new(dsm)?;
     let team = Team::new(dsm, tpp)?;
+    // The program's code runs on the team's workers only, here one.
+    let single = team.workers() == 1 && no_program_threads.is_some_and(|f| f());
+    dsm.set_single_writer_thread(single);
     let locals = dsm.stacks().map_or(0, |st| st.slots_per_process());
     let rt = Box::new(Runtime {
         dsm,
@@ -331,6 +344,7 @@ fn run_with_dsm<R: Send>(
     });
     RUNTIME.store(core::ptr::null_mut(), Ordering::Release);
     let Runtime { ring, team, .. } = *rt;
+    dsm.set_single_writer_thread(false);
     drop(team);
     let freed = ring.free(dsm);
     let out = out?;

@@ -43,6 +43,7 @@ const TESTED: &[&str] = &[
     "locks",
     "loop_schedules",
     "old_abi",
+    "program_threads",
     "queries",
     "race_report",
     "reductions",
@@ -113,6 +114,14 @@ fn flush_pipeline() {
         let ours = run_ours(&program, &[], processes, threads);
         assert_same_as_reference(&ours, &run, 0);
     }
+}
+
+/// The program's own OS thread writes a block the team merges in place:
+/// the runtime must stop taking the program for single-threaded (plain
+/// merges lost its counts, 10 runs out of 10, without that).
+#[test]
+fn program_threads() {
+    check("program_threads", 0);
 }
 
 #[test]

@@ -219,6 +219,13 @@ pub fn is_dsm_context() -> bool {
     c & RUNTIME_MASK == 0 && (on_dsm_stack || c & FORCED_MASK != 0)
 }
 
+/// Whether the running code is runtime code (inside a [`RuntimeGuard`],
+/// and not in user code it called).
+#[inline]
+pub fn in_runtime_code() -> bool {
+    context() & RUNTIME_MASK != 0
+}
+
 /// Whether `p` points into the DSM heap.
 #[inline]
 pub fn is_dsm_pointer(p: *const u8) -> bool {

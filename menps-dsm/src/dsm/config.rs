@@ -46,6 +46,10 @@ pub enum WriterPolicy {
     Floating,
     /// A fixed home per block (block-cyclic over the processes): releasers
     /// write their changed runs into the home's copy under the home's lock.
+    /// For comparison only: a process that reads a block while its home is
+    /// rewriting it can keep a state from the middle of the rewrite, if the
+    /// rewrite ends on the values the home had published (nothing is then
+    /// announced); the floating home reads what was published.
     Fixed,
 }
 
@@ -91,6 +95,16 @@ pub struct DsmConfig {
     /// is dropped once, and becomes hot again only if it is read again. 0:
     /// off.
     pub refreshes: u8,
+    /// Pinning of write-shared blocks: a block that this process writes
+    /// again, each time after another process wrote it (the boundary block
+    /// two processes' halves of an array share, data handed on from phase
+    /// to phase), is pinned after a few such rounds — kept writable, the
+    /// other processes' changes merged into it in place at acquires — which
+    /// saves a write fault and the protection changes around it every
+    /// round; releases that find it unchanged for a while unpin it. Floating
+    /// writer policy, hybrid or timestamp invalidation; call stacks are
+    /// pinned anyway.
+    pub pin_shared: bool,
     /// Write-write race detection while merging.
     pub race_detection: bool,
     /// What a detected race does.
@@ -130,6 +144,7 @@ impl Default for DsmConfig {
             fast_read: false,
             prefetch_bytes: 256 * 1024,
             refreshes: 8,
+            pin_shared: true,
             race_detection: true,
             on_race: RaceAction::Stop,
             block_size: 32 * 1024,
@@ -165,6 +180,7 @@ pub struct DsmConfigBuilder {
     fast_read: Option<bool>,
     prefetch_bytes: Option<usize>,
     refreshes: Option<u8>,
+    pin_shared: Option<bool>,
     race_detection: Option<bool>,
     print_stats: Option<bool>,
     on_race: Option<RaceAction>,
@@ -215,6 +231,8 @@ impl DsmConfigBuilder {
         /// Acquires that refresh a hot block in place, 0: off (wins over
         /// `MENPS_DSM_REFRESH`).
         refreshes: u8,
+        /// Pinning of write-shared blocks (wins over `MENPS_DSM_PIN_SHARED`).
+        pin_shared: bool,
         /// Race detection (wins over `MENPS_DSM_RACE_DETECTION`).
         race_detection: bool,
         /// Protocol counters printed at the end (wins over `MENPS_STATS`).
@@ -316,6 +334,11 @@ impl DsmConfigBuilder {
                         .map(|v| v.map(|n| u8::try_from(n).unwrap_or(u8::MAX)))
                 },
                 b.refreshes,
+            )?,
+            pin_shared: pick(
+                self.pin_shared,
+                || vars::MENPS_DSM_PIN_SHARED.flag(),
+                b.pin_shared,
             )?,
             race_detection: pick(
                 self.race_detection,

@@ -12,7 +12,8 @@
 //! The loops work on 64-bit words and compile to SIMD. They need exclusive
 //! access to the buffers they write (callers protect the block first or work
 //! on blocks the application cannot touch), except [`write_merge`]'s `data`
-//! for a pinned call stack, which its thread may write meanwhile.
+//! for a pinned block (a call stack, a block several processes write in
+//! turn), which this process's threads may write meanwhile.
 
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -74,28 +75,25 @@ pub type MergeFn = fn(&mut [u64], &mut [u64], &[u64], bool) -> Result<Merged, Ra
 pub struct Merged {
     /// Whether this process had changed anything (`data != twin`).
     pub local_changes: bool,
+    /// Whether the other version had changed anything (`other != twin`).
+    pub remote_changes: bool,
 }
 
 /// Checks one chunk (`range`) of the three versions before it is merged:
-/// accumulates this process's changes into `changed` and returns the first
-/// race if `detect` and both sides changed a byte in the chunk.
+/// returns the first race if both sides changed a byte in the chunk.
 #[inline(always)]
 fn check_chunk(
     data: &[u64],
     twin: &[u64],
     other: &[u64],
     range: core::ops::Range<usize>,
-    detect: bool,
-    changed: &mut u64,
 ) -> Result<(), Race> {
     let mut race = 0u64;
     for i in range.clone() {
         let (d, t, o) = (data[i], twin[i], other[i]);
-        let local = d ^ t;
-        race |= nonzero_bytes(local) & nonzero_bytes(o ^ t);
-        *changed |= local;
+        race |= nonzero_bytes(d ^ t) & nonzero_bytes(o ^ t);
     }
-    if detect && race != 0 {
+    if race != 0 {
         return Err(find_race(twin, data, other, range.start));
     }
     Ok(())
@@ -138,6 +136,13 @@ fn chunks(n: usize) -> impl Iterator<Item = core::ops::Range<usize>> {
 /// Write-merge: `data = twin = other ^ data ^ twin` (this process's changes
 /// applied on top of `other`, which becomes the new base).
 ///
+/// Other threads of this process may write `data` meanwhile (a pinned
+/// block): each word is read once, atomically, and what the merge found
+/// there is both what it counts as this process's change
+/// ([`Merged::local_changes`]) and what it takes into the twin, so a store
+/// made during the merge is either announced with it or stays pending
+/// against the new twin — never lost.
+///
 /// Returns the first race if `detect` and both sides changed a byte; the
 /// buffers are then partly merged (the DSM stops after a race).
 pub fn write_merge(
@@ -151,17 +156,22 @@ pub fn write_merge(
         // each with one atomic xor, so a word (or another byte of a word)
         // this process is writing concurrently — a pinned call stack's live
         // frame — is never overwritten with an older value.
-        let r = other ^ *twin;
-        let m = if r != 0 {
-            // SAFETY: `data` is a valid, aligned word; other threads of this
-            // process may store to it concurrently, so it is accessed
-            // atomically here.
-            let w = unsafe { AtomicU64::from_ptr(data) };
-            w.fetch_xor(r, Ordering::Relaxed) ^ r
+        let t = *twin;
+        let r = other ^ t;
+        // SAFETY: `data` is a valid, aligned word; other threads of this
+        // process may store to it concurrently, so it is accessed
+        // atomically here.
+        let w = unsafe { AtomicU64::from_ptr(data) };
+        // The word as this merge found it: what it counts as our change and
+        // takes into the twin is exactly that (a store landing after it
+        // stays a pending change against the new twin).
+        let found = if r != 0 {
+            w.fetch_xor(r, Ordering::Relaxed)
         } else {
-            *data
+            w.load(Ordering::Relaxed)
         };
-        *twin = m;
+        *twin = found ^ r;
+        found ^ t
     })
 }
 
@@ -178,9 +188,12 @@ pub fn write_merge_exclusive(
     detect: bool,
 ) -> Result<Merged, Race> {
     merge_words(data, twin, other, detect, |data, twin, other| {
-        let m = *data ^ (other ^ *twin);
+        let t = *twin;
+        let found = *data;
+        let m = found ^ (other ^ t);
         *data = m;
         *twin = m;
+        found ^ t
     })
 }
 
@@ -194,37 +207,46 @@ pub fn read_merge(
     detect: bool,
 ) -> Result<Merged, Race> {
     merge_words(data, twin, other, detect, |data, twin, o| {
-        let r = o ^ *twin;
+        let t = *twin;
+        let found = *data;
+        let r = o ^ t;
         if r != 0 {
-            *data ^= r;
+            *data = found ^ r;
         }
         *twin = o;
+        found ^ t
     })
 }
 
-/// The walk both merges make: chunk by chunk, checks for races (if
-/// `detect`) and local changes, then calls `word(data[i], twin[i],
-/// other[i])` for each word of the chunk. Inlined into each merge, so the
-/// per-word step is compiled into the loop.
+/// The walk the merges make: chunk by chunk, checks for races (if
+/// `detect`), then calls `word(data[i], twin[i], other[i])` for each word
+/// of the chunk, which merges the word and returns this process's change in
+/// it as it found it (`data ^ twin` before the merge). Inlined into each
+/// merge, so the per-word step is compiled into the loop.
 #[inline(always)]
 fn merge_words(
     data: &mut [u64],
     twin: &mut [u64],
     other: &[u64],
     detect: bool,
-    mut word: impl FnMut(&mut u64, &mut u64, u64),
+    mut word: impl FnMut(&mut u64, &mut u64, u64) -> u64,
 ) -> Result<Merged, Race> {
     let n = data.len();
     assert!(twin.len() == n && other.len() == n);
     let mut changed = 0u64;
+    let mut remote = 0u64;
     for range in chunks(n) {
-        check_chunk(data, twin, other, range.clone(), detect, &mut changed)?;
+        if detect {
+            check_chunk(data, twin, other, range.clone())?;
+        }
         for i in range {
-            word(&mut data[i], &mut twin[i], other[i]);
+            remote |= other[i] ^ twin[i];
+            changed |= word(&mut data[i], &mut twin[i], other[i]);
         }
     }
     Ok(Merged {
         local_changes: changed != 0,
+        remote_changes: remote != 0,
     })
 }
 
@@ -356,7 +378,7 @@ mod tests {
         for merge in [write_merge as MergeFn, write_merge_exclusive] {
             let (mut data, mut t) = (data.clone(), twin.clone());
             let m = merge(&mut data, &mut t, &other, true).unwrap();
-            assert!(m.local_changes);
+            assert!(m.local_changes && m.remote_changes);
             let merged = bytes(&data);
             for i in 0..n {
                 let want = if (i / 8) % 2 == 0 { d[i] } else { o[i] };
@@ -367,9 +389,17 @@ mod tests {
         // Without local changes the other version is taken whole.
         let (mut data, mut t) = (twin.clone(), twin.clone());
         let m = write_merge_exclusive(&mut data, &mut t, &other, true).unwrap();
-        assert!(!m.local_changes);
+        assert!(!m.local_changes && m.remote_changes);
         assert_eq!(data, other);
         assert_eq!(t, other);
+        // Nothing changed on the other side: ours kept, and said so.
+        for merge in [write_merge as MergeFn, write_merge_exclusive, read_merge] {
+            let (mut d2, mut t) = (data.clone(), twin.clone());
+            d2[3] ^= 0xff;
+            let m = merge(&mut d2, &mut t, &twin, true).unwrap();
+            assert!(m.local_changes && !m.remote_changes);
+            assert_eq!(d2[3], data[3] ^ 0xff);
+        }
     }
 
     #[test]

@@ -15,11 +15,16 @@
 //!   released it last. A release with changes takes the block's distributed
 //!   queue lock, which finds the last releaser through probable-owner links
 //!   and carries the block's timestamps (its *lock-associated data*); it
-//!   reads that process's copy, applies its own changes with an XOR diff
-//!   (detecting write-write races at byte granularity), writes the version
-//!   it took back into the old home's twin ("copy back"), and becomes the
-//!   home. The **fixed home** policy (block-cyclic homes, changed runs
-//!   written to the home) is there for comparison.
+//!   reads the version that process published — its twin, which a release
+//!   updates under the lock, not its live copy, which may be in the middle
+//!   of a rewrite — applies its own changes with an XOR diff (detecting
+//!   write-write races at byte granularity), and becomes the home; the old
+//!   home's later diffs hold only its unpublished writes. (The original
+//!   read the live copy and wrote what it took back into the old home's
+//!   twin: a reader could keep a half-rewritten state that no notice ever
+//!   replaced, once the writer's rewrite ended on the values it had
+//!   published.) The **fixed home** policy (block-cyclic homes, changed
+//!   runs written to the home) is there for comparison.
 //! - **Hybrid invalidation** (default): every version of a block has a
 //!   logical interval `[wr_ts, rd_ts]`; releases add *write notices* to the
 //!   releaser's signature, a bounded list whose truncation raises a minimum
@@ -31,9 +36,10 @@
 //!   policies are there for comparison.
 //! - **Fast release**: a block that has not migrated since this process's
 //!   last transaction (its queue-lock word still says so) is released
-//!   without the lock; its write notice carries a fresh interval (the
-//!   original published the previous one on some paths, a stale-read hole
-//!   this implementation closes). Its twin becomes the released version, so
+//!   without a message (the lock is taken and given back here); its write
+//!   notice carries a fresh interval (the original published the previous
+//!   one on some paths, a stale-read hole this implementation closes). Its
+//!   twin becomes the released version, so
 //!   a later release that finds the block unchanged (an OpenMP array
 //!   written in one phase, released at every barrier of the others) is
 //!   *idle*: it announces nothing, and readers keep their copies; a block
@@ -64,6 +70,21 @@
 //!   waits and no `mprotect` is made. Then the copy is dropped once, to
 //!   test whether it is still read: a block the program stopped reading
 //!   costs at most that many useless fetches.
+//! - **Pinning of write-shared blocks** (`MENPS_DSM_PIN_SHARED`, on by
+//!   default; floating writer, hybrid or timestamp invalidation): a block
+//!   that this process writes again, twice in a row after another process
+//!   wrote it — where two processes' halves of an array meet, or data that
+//!   phases hand on — is pinned like a running thread's stack: it stays
+//!   writable, a release merges it in place and an acquire that finds it
+//!   stale merges the new version in place, which saves a write fault and
+//!   three to four `mprotect` calls per round. Merges into a pinned copy
+//!   are atomic per word, or plain and vectorized when the language
+//!   runtime says that the program writes from one OS thread only
+//!   ([`Dsm::set_single_writer_thread`]). A pinned copy of which another
+//!   process is the last writer is merged at each release until a merge
+//!   takes nothing in (a transaction reads the last writer's live copy,
+//!   which may be in the middle of a rewrite); releases that find it
+//!   unchanged 16 times in a row unpin it.
 //!
 //! # Using it
 //!
@@ -328,6 +349,22 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     pub fn flush_from(&self, program_sp: usize) -> DsmResult<bool> {
         let _floor = self.program_frames_end(program_sp);
         self.space.flush()
+    }
+
+    /// Tells the DSM, for a language runtime, whether the program's code
+    /// runs on one OS thread of this process at a time: the runtime runs
+    /// every thread of the program as a user-level thread on a single
+    /// worker, and the program starts no OS threads of its own. The DSM
+    /// then merges other processes' changes into the blocks it keeps
+    /// writable for the program (write-shared pins, see
+    /// [`DsmConfig::pin_shared`]) with plain stores, vectorized, instead of
+    /// one atomic operation per changed word: no store of the program can
+    /// land meanwhile, since the DSM runs on that thread. Off by default.
+    ///
+    /// A wrong promise loses the program's writes made during a merge; turn
+    /// it off before the program may start a thread of its own.
+    pub fn set_single_writer_thread(&self, on: bool) {
+        self.space.set_single_writer_thread(on);
     }
 
     /// Tells the DSM, for a language runtime, that the calling thread has

@@ -4,14 +4,15 @@
 //! process:
 //!
 //! - the **system view**: this process's part of the `data` window, always
-//!   read-write for the runtime, read one-sidedly by the others (it is the
-//!   block's home copy when this process is the home);
+//!   read-write for the runtime (the others read it only by fast read, and
+//!   under the fixed home policy);
 //! - the **application view**: the same pages mapped a second time at the
 //!   segment's fixed DSM address, where each block's protection follows its
 //!   state (none / read / read-write);
 //! - the **twin**: this process's part of the `twin` window, the base
-//!   version of the blocks it writes (remote processes write it when they
-//!   copy back a block they migrate away);
+//!   version of the blocks it writes, and of the blocks it released last
+//!   the version it published, which the others read (under the block's
+//!   lock);
 //! - the **meta** window: per block, the queue-lock word and the
 //!   lock-associated data (LAD) slot;
 //! - a local table of block entries (state, timestamps, fast-release
@@ -112,11 +113,6 @@ pub(crate) struct BlockMeta {
     /// releases last protected the block, if no write has faulted since
     /// (0: none).
     pub idled_at: u32,
-    /// What our last fast release published, when one did since the last
-    /// transaction (the twin is not updated by a fast release: it stays
-    /// the base version a later merge needs); `None`: the twin is what we
-    /// released last.
-    pub released: Option<Box<[u64]>>,
     /// Our last transaction left us the last writer (our copy is the
     /// latest version and our LAD slot describes it): fast release may
     /// apply while the lock stays here.
@@ -143,6 +139,17 @@ pub(crate) struct BlockMeta {
     /// stack's pin by the worker entering its thread may come before the
     /// unpin by the worker that left it).
     pub pins: u32,
+    /// An acquire found this copy stale because another process wrote the
+    /// block, since this process's last write fault on it.
+    pub remote_write_seen: bool,
+    /// Write faults in a row that each followed another process's write:
+    /// the processes write the block in turn (false sharing, or data handed
+    /// from phase to phase).
+    pub contended_writes: u8,
+    /// Pinned by the DSM because the processes write it in turn (see
+    /// `Space::start_write`), not by a caller of `Space::pin`: it stays
+    /// writable and is merged in place, until idle releases unpin it.
+    pub shared_pin: bool,
 }
 
 pub(crate) type BlockEntry<U> = Mutex<BlockMeta, U>;

@@ -210,7 +210,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 let dst = unsafe {
                     core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), n * bs)
                 };
-                reads.push((seg.data_win.at(home, seg.offset(idxs[k])), dst));
+                reads.push((self.latest_win(seg).at(home, seg.offset(idxs[k])), dst));
             }
             self.com.read_all(&mut reads)?;
         }
@@ -295,6 +295,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             }
             let mut m = seg.entry(idx).lock();
             if wn.wr_ts > m.cur_rd {
+                m.remote_write_seen = true;
                 if let Some(list) = refresh.as_deref_mut()
                     && self.keep_for_refresh(seg, idx, &mut m)
                 {

@@ -141,6 +141,8 @@ pub struct Stats {
     pub prefetched: AtomicUsize,
     /// Stale copies refreshed in place by acquires.
     pub refreshed: AtomicUsize,
+    /// Blocks pinned because processes write them in turn.
+    pub shared_pins: AtomicUsize,
 }
 
 /// Counters as plain numbers.
@@ -188,6 +190,11 @@ pub struct StatsSnapshot {
     /// dropped (`MENPS_DSM_REFRESH`): read misses saved when the program
     /// reads them again.
     pub refreshed: usize,
+    /// Blocks pinned because several processes write them in turn
+    /// (`MENPS_DSM_PIN_SHARED`): each pinning saves a write fault and the
+    /// protection changes around it per write phase, until the block goes
+    /// idle.
+    pub shared_pins: usize,
 }
 
 impl core::fmt::Display for StatsSnapshot {
@@ -200,7 +207,7 @@ impl core::fmt::Display for StatsSnapshot {
              idle_releases={} fast_reads={} \
              invalidations={} bytes_fetched={} barriers={} flushes={} fault_ms={:.3} \
              release_ms={:.3} acquire_ms={:.3} barrier_ms={:.3} barrier_wait_ms={:.3} \
-             prefetched={} refreshed={}",
+             prefetched={} refreshed={} shared_pins={}",
             self.read_faults,
             self.write_faults,
             self.written_ahead,
@@ -219,6 +226,7 @@ impl core::fmt::Display for StatsSnapshot {
             ms(self.barrier_wait_ns),
             self.prefetched,
             self.refreshed,
+            self.shared_pins,
         )
     }
 }
@@ -263,6 +271,7 @@ impl Stats {
             barrier_wait_ns: t(&self.barrier_wait_ns),
             prefetched: l(&self.prefetched),
             refreshed: l(&self.refreshed),
+            shared_pins: l(&self.shared_pins),
         }
     }
 }
@@ -287,6 +296,17 @@ impl Drop for Timed<'_> {
 /// ([`Space::write_ahead`]).
 const WRITE_AHEAD: usize = 16;
 
+/// Write faults in a row, each after another process's write, that pin a
+/// block ([`Space::pin_if_write_shared`]): two rounds, so that data handed
+/// on once is not pinned.
+const SHARED_PIN_AFTER: u8 = 2;
+
+/// Releases in a row that find a write-shared pinned block unchanged and
+/// unpin it (`release::unpin_if_idle`): more than the phases between two
+/// writes of a boundary block in the kernels (five in CG), few enough that
+/// a block the program has stopped writing soon costs nothing again.
+const SHARED_PIN_IDLE: u32 = 16;
+
 #[inline]
 fn bump_by(a: &AtomicUsize, n: usize) {
     a.fetch_add(n, Ordering::Relaxed);
@@ -308,11 +328,6 @@ impl Tmp<'_> {
         let n = self.buf.len() * 8;
         // SAFETY: a u64 buffer viewed as its bytes.
         unsafe { core::slice::from_raw_parts_mut(self.buf.as_mut_ptr().cast::<u8>(), n) }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: a u64 buffer viewed as its bytes.
-        unsafe { core::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>(), self.buf.len() * 8) }
     }
 }
 
@@ -360,6 +375,9 @@ pub(crate) struct Space<C: Communicator, U: UltItf> {
     sync: SyncState<U>,
     /// What of this process's call stacks can be live ([`live`]).
     stack_live: std::sync::OnceLock<StackLive>,
+    /// The program writes DSM memory from one OS thread at a time (see
+    /// [`Space::set_single_writer_thread`]).
+    single_writer: AtomicBool,
     pub(crate) stats: Stats,
 }
 
@@ -397,6 +415,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             inval_win,
             inval_head: Mutex::new_in(0),
             stack_live: std::sync::OnceLock::new(),
+            single_writer: AtomicBool::new(false),
             stats: Stats::new(cfg.print_stats),
             com,
             cfg,
@@ -820,7 +839,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     pub fn start_write(&self, seg: &Segment<U>, idx: usize) -> DsmResult<()> {
         let mut m = seg.entry(idx).lock();
         let ahead = m.state == BlockState::ReadonlyClean && m.written_last;
+        let contended = core::mem::take(&mut m.remote_write_seen);
+        m.contended_writes = if contended {
+            m.contended_writes.saturating_add(1)
+        } else {
+            0
+        };
         let r = self.write_upgrade(seg, idx, &mut m);
+        if r.is_ok() {
+            self.pin_if_write_shared(seg, &mut m);
+        }
         drop(m);
         let r = r.and_then(|()| {
             if ahead {
@@ -865,7 +893,6 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             m.state = BlockState::Writable;
             m.idle_releases = 0;
             self.note_rewrite(m);
-            m.released = None;
             self.add_to_write_set(seg, j, m);
         }
         bump_by(&self.stats.written_ahead, run.len());
@@ -874,6 +901,44 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             bs * run.len(),
             BlockState::Writable.prot(),
         )
+    }
+
+    /// Pinning of write-shared blocks (`DsmConfig::pin_shared`): a block
+    /// just made writable by the [`SHARED_PIN_AFTER`]th write fault in a
+    /// row that followed another process's write is pinned. The processes
+    /// write it in turn — two halves of an array meet in it, or a phase
+    /// hands it on to the next — and each round cost a write fault, a
+    /// protection before the release's merge, and a drop or refresh at the
+    /// acquire with its protection changes (CG's boundary blocks: a fifth
+    /// of its time on two processes). Pinned, it stays writable: a release
+    /// merges it in place, an acquire that finds it stale merges the new
+    /// version in place, both with per-word atomic merges that never lose a
+    /// store of this process's threads (plain stores when the program
+    /// writes from the merging thread only, see
+    /// [`Space::set_single_writer_thread`]). Releases that
+    /// find it unchanged [`SHARED_PIN_IDLE`] times in a row unpin it
+    /// (see `Space::release_locked`).
+    ///
+    /// Not for call stacks (pinned while used anyway) nor blocks pinned by
+    /// [`Space::pin`]; only under the floating writer policy (the fixed
+    /// home's in-place merge is not atomic) and timestamp-based
+    /// invalidation (under the directory policy every invalidation of a
+    /// pinned copy would cost a transaction).
+    fn pin_if_write_shared(&self, seg: &Segment<U>, m: &mut BlockMeta) {
+        if m.contended_writes < SHARED_PIN_AFTER
+            || m.state != BlockState::Writable
+            || m.pins > 0
+            || !self.cfg.pin_shared
+            || self.cfg.writer != WriterPolicy::Floating
+            || self.cfg.invalidation == InvalidationPolicy::Directory
+            || Some(seg.id) == RegionKind::Stacks.fixed_id()
+        {
+            return;
+        }
+        m.state = BlockState::Pinned;
+        m.shared_pin = true;
+        m.idle_releases = 0;
+        bump(&self.stats.shared_pins);
     }
 
     fn write_upgrade(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) -> DsmResult<()> {
@@ -891,13 +956,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             // The twin becomes the base version of our writes.
             // SAFETY: both are this process's copies of the block; the
             // application view is read-only, so nobody writes the system view
-            // meanwhile, and the twin is only written under the block's locks
-            // (a remote copy-back writes it only while we are the last
-            // writer, when the copy is clean and equal anyway).
+            // meanwhile, and the twin is only written under the block's locks.
+            // Other processes read it (under the global lock) while we are
+            // the last writer — and then a clean copy equals its twin, so
+            // they read the same bytes whenever they read.
             unsafe {
                 core::ptr::copy_nonoverlapping(seg.sys(idx), seg.twin_of(idx), seg.block_size)
             };
-            m.released = None;
         }
         m.state = BlockState::Writable;
         self.add_to_write_set(seg, idx, m);
@@ -1024,10 +1089,27 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             m.pins = m.pins.saturating_sub(1);
             if m.pins == 0 && m.state == BlockState::Pinned {
                 m.state = BlockState::Writable;
+                m.shared_pin = false;
                 self.add_to_write_set(seg, idx, &mut m);
             }
             Ok(())
         })
+    }
+
+    /// Records whether the program's code runs on one OS thread of this
+    /// process at a time — the one that calls into the DSM, so that no
+    /// store of the program can land while the DSM merges (see
+    /// `Dsm::set_single_writer_thread`).
+    pub fn set_single_writer_thread(&self, on: bool) {
+        self.single_writer.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether a merge into block `m`'s copy, which the application may
+    /// write (pinned), can use plain stores: a write-shared pin (never a
+    /// call stack, whose merging thread's own frames live in it) while the
+    /// program writes from the merging thread only.
+    pub(super) fn merges_alone(&self, m: &BlockMeta) -> bool {
+        m.shared_pin && self.single_writer.load(Ordering::Relaxed)
     }
 
     /// Tracks which parts of the call stacks of `slots` (this process's

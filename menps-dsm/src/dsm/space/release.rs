@@ -12,7 +12,19 @@ use ct_sync::MutexGuard;
 use super::super::error::DsmResult;
 use super::super::layout;
 use super::super::segment::{BlockMeta, BlockState, Segment};
-use super::{PARALLEL_RELEASE_MIN, Space, TxKind, parallel_min};
+use super::{PARALLEL_RELEASE_MIN, SHARED_PIN_IDLE, Space, TxKind, bump, parallel_min};
+
+/// Unpins a write-shared pinned block after [`SHARED_PIN_IDLE`] idle
+/// releases in a row: an ordinary writable block again, which the next
+/// releases protect if it stays idle.
+pub(super) fn unpin_if_idle(m: &mut BlockMeta) {
+    if m.shared_pin && m.idle_releases >= SHARED_PIN_IDLE {
+        m.state = BlockState::Writable;
+        m.shared_pin = false;
+        m.contended_writes = 0;
+        m.idle_releases = 0;
+    }
+}
 
 /// An idle block whose protection a release deferred: its address, its
 /// index in its segment and its entry lock.
@@ -54,6 +66,23 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     ) -> DsmResult<bool> {
         if !m.in_write_set {
             return Ok(false);
+        }
+        // A write-shared pin (see `Space::pin_if_write_shared`) of which
+        // another process is the last writer, unchanged by us since our
+        // last release (or merge): nothing to announce, so no transaction.
+        // (What it holds of the others' words is what they published: a
+        // transaction reads the last writer's twin, never its copy in the
+        // middle of a rewrite.) After `SHARED_PIN_IDLE` such releases in a
+        // row it is unpinned; the fast release counts alike.
+        if m.shared_pin
+            && m.state == BlockState::Pinned
+            && !m.written_last
+            && self.unchanged_since_release(seg, idx)
+        {
+            bump(&self.stats.idle_releases);
+            m.idle_releases += 1;
+            unpin_if_idle(m);
+            return Ok(true);
         }
         if m.state.dirty() && !self.fast_release(seg, idx, m, defer)? {
             self.transaction(seg, idx, m, TxKind::Release)?;

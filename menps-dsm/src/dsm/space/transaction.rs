@@ -2,7 +2,7 @@
 //! with the latest version, and fast release (Endo 2020 §3.4.2, §3.4.6,
 //! §3.5.4).
 
-use core::sync::atomic::{AtomicU64, Ordering, fence};
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use ct_worker::UltItf;
 
@@ -15,7 +15,7 @@ use super::super::layout;
 use super::super::qlock::{self, Granted};
 use super::super::segment::{BlockMeta, BlockState, LAD_OFF, Lad, Segment};
 use super::super::signature::WriteNotice;
-use super::{AtomicOp, Space, Tmp, TxKind, bump};
+use super::{AtomicOp, Space, TxKind, bump};
 
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     // ---------------------------------------------------------------
@@ -131,6 +131,19 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 Ok(old)
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// The window holding, at the process a transaction reads, the latest
+    /// version of a block of `seg`: under the floating home the last
+    /// writer's twin — what it published, updated under the block's lock
+    /// (its copy may be in the middle of a rewrite that ends on the same
+    /// values, which would then never be announced) — and under the fixed
+    /// home the home's copy, the master copy that writers merge into.
+    pub(super) fn latest_win(&self, seg: &Segment<U>) -> crate::com::WindowId {
+        match self.cfg.writer {
+            WriterPolicy::Floating => seg.twin_win,
+            WriterPolicy::Fixed => seg.data_win,
         }
     }
 
@@ -258,7 +271,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             // no access) and whose entries are locked: nobody else touches
             // them.
             let dst = unsafe { core::slice::from_raw_parts_mut(seg.sys(first), n * bs) };
-            runs.push((seg.data_win.at(home, seg.offset(first)), dst));
+            runs.push((self.latest_win(seg).at(home, seg.offset(first)), dst));
         }
         self.com.read_all(&mut runs)?;
         drop(runs);
@@ -444,8 +457,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // SAFETY: the block's entry lock is held, and either the application
         // view does not allow writes (invalid, read-only, or protected just
         // now), or the copy is ours alone to merge into (pinned: only words
-        // the other side changed are rewritten; writable without remote
-        // changes: the system view is only read).
+        // the other side changed are rewritten, atomically — or with plain
+        // stores when the program writes from this thread only, which runs
+        // this merge; writable without remote changes: the system view is
+        // only read).
         let (data, twin) = unsafe {
             (
                 diff::words_mut(seg.sys(idx), bs),
@@ -455,23 +470,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut written = false;
         let mut exported = false;
         let mut copied_back_to = None;
-        // The version taken from the old home, kept for the copy back.
-        let mut taken: Option<Tmp<'_>> = None;
         if !remote {
             if dirty {
-                // Written since what we last published: since our last fast
-                // release's snapshot if one was made after the last
-                // transaction (the twin is then older: a fast release does
-                // not update it), else since the twin. Comparing with the
-                // twin re-announced every block fast released before, so a
-                // reader whose miss had taken the lock lost its copy twice
-                // per OpenMP phase.
-                let changed = data != twin;
-                written = match m.released.as_deref() {
-                    Some(published) => data != published,
-                    None => changed,
-                };
-                if changed {
+                // Written since what we last published, which is the twin
+                // (a fast release updates it too).
+                written = data != twin;
+                if written {
                     twin.copy_from_slice(data);
                 }
             }
@@ -484,12 +488,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 // bytes, which nobody else writes while we hold its locks.
                 let dst =
                     unsafe { core::slice::from_raw_parts_mut(data.as_mut_ptr().cast::<u8>(), bs) };
-                self.com.read(seg.data_win.at(home, off), dst)?;
+                self.com.read(self.latest_win(seg).at(home, off), dst)?;
                 self.stats.bytes_fetched.fetch_add(bs, Ordering::Relaxed);
             }
         } else {
             let mut tmp = self.tmp(bs);
-            self.com.read(seg.data_win.at(home, off), tmp.bytes_mut())?;
+            self.com
+                .read(self.latest_win(seg).at(home, off), tmp.bytes_mut())?;
             self.stats.bytes_fetched.fetch_add(bs, Ordering::Relaxed);
             if fixed {
                 if dirty {
@@ -539,8 +544,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             } else {
                 if dirty {
                     // Only a writable (pinned) copy may be written by this
-                    // process's threads during the merge.
-                    let merge = if write_protected {
+                    // process's threads during the merge, unless the program
+                    // writes from this thread only.
+                    let merge = if write_protected || self.merges_alone(m) {
                         diff::write_merge_exclusive
                     } else {
                         diff::write_merge
@@ -548,11 +554,18 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     let merged =
                         self.merge_checked(seg, idx, home, (data, twin, &tmp.buf), merge)?;
                     written = merged.local_changes;
+                    // Another process wrote the block since our base: a
+                    // write fault after this is contended (see
+                    // `Space::pin_if_write_shared`).
+                    m.remote_write_seen |= merged.remote_changes;
                     exported = !written;
                 } else {
+                    // A clean copy (here for an atomic, which may leave us
+                    // the last writer): the twin is the version taken, as
+                    // every last writer's twin is what it published.
                     data.copy_from_slice(&tmp.buf);
+                    twin.copy_from_slice(&tmp.buf);
                 }
-                taken = Some(tmp);
             }
         }
         // An atomic operation on the merged copy (in the twin too, so it is
@@ -579,17 +592,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 }
             }
         }
-        // Copy back, when the block migrates to us (we wrote it): the version
-        // we took becomes the old home's base version, so its later diffs
-        // hold only its later writes. Not when we only read it: the old home
-        // stays the last writer, and its unreleased writes (which we may
-        // have taken) must stay in its diff, so its release announces them.
-        if let Some(t) = taken
-            && written
-        {
-            self.com.write(seg.twin_win.at(home, off), t.bytes())?;
-            copied_back_to = Some(home);
-        }
+        // No copy back when the block migrates to us: the version we took
+        // is the old home's twin, its base version already, so its later
+        // diffs hold only its later writes (its unreleased writes, which we
+        // did not take, stay in them).
         // Timestamps.
         let (wr, rd) = self.next_interval(lad, written);
         if written {
@@ -657,8 +663,6 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         m.fast_rel_count = 0;
         m.idle_releases = 0;
-        // The twin (or the state) describes what we released now.
-        m.released = None;
         // Whenever our copy is the latest version (also after a floating
         // merge, or a transaction that found nothing written): our LAD slot
         // describes it and the lock stays here.
@@ -667,19 +671,21 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     }
 
     /// Fast release (Endo 2020 §3.4.6, Listing 3.1) of a writable block we
-    /// were the last writer of: a new interval is stored in our own LAD slot
-    /// and, if our lock word still says the lock is free here (nobody took
-    /// the block since), the release is complete without the global lock.
-    /// The write notice carries the *new* interval, so a reader holding the
-    /// previous version always drops it (the original published the
-    /// previous interval in some paths: a stale-read hole).
+    /// were the last writer of: if our lock word still says the lock is
+    /// free here (nobody took the block since), the lock is taken here
+    /// without a message, a new interval stored in our own LAD slot, and
+    /// the release is complete. The write notice carries the *new*
+    /// interval, so a reader holding the previous version always drops it
+    /// (the original published the previous interval in some paths: a
+    /// stale-read hole).
     ///
-    /// The twin then becomes a copy of the released version, so that a
-    /// later release can tell whether anything was written since: an *idle*
-    /// release (the lock still here, the copy equal to its twin) announces
-    /// nothing at all — in an OpenMP program a block written in one phase
-    /// is released at every barrier of the others, and a new interval each
-    /// time made every reader drop its copy. After a few idle releases in
+    /// The twin then becomes a copy of the released version — what the
+    /// other processes read of the block from now on (under its lock, so
+    /// never half copied) — so that a later release can tell whether
+    /// anything was written since: an *idle* release (the copy equal to its
+    /// twin) announces nothing at all — in an OpenMP program a block
+    /// written in one phase is released at every barrier of the others,
+    /// and a new interval each time made every reader drop its copy. After a few idle releases in
     /// a row (the block's adaptive limit, see [`idle_limit`]) the block is
     /// protected and leaves the write set, so blocks written once cost
     /// nothing at later releases.
@@ -698,31 +704,56 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             return Ok(false);
         }
         let site = self.block_site(seg, idx);
-        let off = seg.meta_off(idx);
         // Cheap early exit: the lock has moved on.
         if !qlock::owned_here(&self.com, &site)? {
             return Ok(false);
         }
+        // Taken here without a message (our word says `OWNED`, unless a
+        // process took it since the test above: then we wait our turn), and
+        // held while we look at the block and update its published version:
+        // the twin, which is what others read of a block we are the last
+        // writer of (see `transaction_locked`).
+        let mut lad = self.lock_block(seg, idx)?;
+        if lad.last_writer != self.rank as u64 + 1 {
+            // Written elsewhere since: merged by a transaction.
+            self.unlock_block(seg, idx, lad)?;
+            return Ok(false);
+        }
+        let r = self.fast_release_locked(seg, idx, m, defer, &mut lad);
+        self.unlock_block(seg, idx, lad)?;
+        r
+    }
+
+    /// [`Space::fast_release`] with the block's global lock held and `lad`
+    /// its LAD (updated here for a new interval).
+    fn fast_release_locked(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &mut BlockMeta,
+        defer: Option<&mut bool>,
+        lad: &mut Lad,
+    ) -> DsmResult<bool> {
         let bs = seg.block_size;
-        let (data, twin, skip) = self.release_view(seg, idx);
-        // The version we released last: our snapshot of it if a fast release
-        // made it, else the twin (a transaction's).
-        let base: &[u64] = m.released.as_deref().unwrap_or(twin);
-        // Not under fast read: a fast reader copies our block without its
-        // lock, so the lock still being here does not mean that nobody read
-        // the block since our last release — a reader may hold a state we
-        // overwrote and then restored, and an idle release would leave it
-        // there (the IS kernel's cumulative counts came out off by one).
-        if !self.cfg.fast_read_active() && data[skip..] == base[skip..] {
-            // Still ours, also while we compared (a copy-back into the twin
-            // meanwhile would have needed the lock).
-            fence(Ordering::SeqCst);
-            if !qlock::owned_here(&self.com, &site)? {
-                return Ok(false);
-            }
+        let skip = self.release_view(seg, idx).2;
+        // SAFETY: as in `release_view`, and the twin is ours to write: we
+        // hold the block's lock, which every other process reading it (the
+        // latest version is our twin) or writing a word of it holds too.
+        let (data, twin) = unsafe {
+            (
+                diff::words_mut(seg.sys(idx), bs),
+                diff::words_mut(seg.twin_of(idx), bs),
+            )
+        };
+        // Nothing written since the version we published (the twin) — or
+        // written and restored: no other process can hold a state from in
+        // between, since they read the twin, not the copy. Not under fast
+        // read, whose readers copy the copy without the lock.
+        if !self.cfg.fast_read_active() && data[skip..] == twin[skip..] {
             if m.idle_releases + 1 < idle_limit(m) || m.state != BlockState::Writable {
                 bump(&self.stats.idle_releases);
                 m.idle_releases += 1;
+                super::release::unpin_if_idle(m);
                 return Ok(true);
             }
             // Nothing to announce and the latest version is ours: protecting
@@ -738,40 +769,24 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             // Written meanwhile: writable again, and released as written.
             layout::protect(seg.app(idx), bs, BlockState::Writable.prot())?;
         }
+        // Enough fast releases in a row: a transaction (the caller's).
         if m.fast_rel_count >= m.fast_rel_threshold.max(1) {
             return Ok(false);
         }
-        let mut lad = self.read_lad(seg.meta_win, self.rank, off)?;
-        debug_assert_eq!(lad.last_writer, self.rank as u64 + 1);
-        let (wr, rd) = self.next_interval(&lad, true);
+        let (wr, rd) = self.next_interval(lad, true);
         lad.wr = wr;
         lad.rd = rd;
-        self.com.write(
-            seg.meta_win.at(self.rank, off + LAD_OFF as u64),
-            &lad.to_bytes(),
-        )?;
-        // Our writes to the block and the new LAD are visible before we look
-        // at the lock word: whoever takes the lock after our check sees both.
-        fence(Ordering::SeqCst);
-        if !qlock::owned_here(&self.com, &site)? {
-            return Ok(false);
-        }
-        // The released version, for the next release to compare with: in a
-        // snapshot of our own, not in the twin, which stays the base of the
-        // diff a later merge needs and which a process taking the block may
-        // rewrite (its copy-back) at any moment from now on. A word another
-        // thread of this process writes while we copy may land in the
-        // snapshot: it is then covered by the write notice pushed below
-        // (after the copy), which every later release of this process
-        // carries in its signature.
-        // Only the live part: the next release compares only what is live
-        // then (if the stack has grown deeper, the part it compares that
-        // was not copied makes it announce the block once more; so would
-        // the frames that changed there), and copying the whole block was
-        // a tenth of a team barrier's cost.
-        m.released
-            .get_or_insert_with(|| vec![0; data.len()].into_boxed_slice())[skip..]
-            .copy_from_slice(&data[skip..]);
+        // The released version becomes the twin: what the others read from
+        // now on, and the base of our next merge. A word another thread of
+        // this process writes while we copy may land in it: it is then
+        // covered by the write notice pushed below, which every later
+        // release of this process carries in its signature. Only the live
+        // part: the next release compares only what is live then (if the
+        // stack has grown deeper, the part it compares that was not copied
+        // makes it announce the block once more; so would the frames that
+        // changed there), and copying the whole block was a tenth of a team
+        // barrier's cost.
+        twin[skip..].copy_from_slice(&data[skip..]);
         bump(&self.stats.fast_releases);
         m.fast_rel_count += 1;
         m.idle_releases = 0;
@@ -829,8 +844,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // lock, read only. The copy may be written by this process's threads
         // meanwhile (a word written after a release's comparison is a write
         // after that release, announced by a later one); the twin only by
-        // another process's copy-back while it holds the global lock — which
-        // the release's check after the comparison rules out.
+        // this process under the block's locks, or by another process's
+        // atomic on a word of it under the global lock (a comparison that
+        // sees half of it finds a change, and the release merges).
         let (data, twin): (&[u64], &[u64]) = unsafe {
             (
                 diff::words_mut(seg.sys(idx), bs),
@@ -845,10 +861,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// Whether this process's copy of block `idx` is still what it last
     /// released (as a release compares it, live memory only).
-    fn unchanged_since_release(&self, seg: &Segment<U>, idx: usize, m: &BlockMeta) -> bool {
+    pub(super) fn unchanged_since_release(&self, seg: &Segment<U>, idx: usize) -> bool {
         let (data, twin, skip) = self.release_view(seg, idx);
-        let base: &[u64] = m.released.as_deref().unwrap_or(twin);
-        data[skip..] == base[skip..]
+        data[skip..] == twin[skip..]
     }
 
     /// The second half of an idle release that protects block `idx`, whose
@@ -864,14 +879,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// then starts a clean diff) and this returns `true`; if not, the
     /// caller makes it writable again.
     pub(super) fn idle_protected(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) -> bool {
-        if !self.unchanged_since_release(seg, idx, m) {
+        if !self.unchanged_since_release(seg, idx) {
             return false;
         }
         bump(&self.stats.idle_releases);
         m.state = BlockState::ReadonlyClean;
         m.idle_releases = 0;
         m.idled_at = self.release_count().max(1);
-        m.released = None;
         true
     }
 
