@@ -112,10 +112,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 if let Some(p) = copied_back_to {
                     self.com.flush(p)?;
                 }
-                // The write notice: for a written version, or for changes of
-                // ours that someone else's migration already exported (they
-                // are then in the latest version, but our acquirers must
-                // still drop their copies).
+                // The write notice: for a written version, or for a floating
+                // merge that found nothing of ours written (`exported`: the
+                // original's case of changes another process's migration had
+                // carried away; readers now take the published twin, so it
+                // only re-announces the latest version).
                 let notice = (written || exported).then(|| {
                     WriteNotice::new(
                         seg.app(idx),
@@ -287,7 +288,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// of the block's latest version where it is — at its last writer, with
     /// the communication layer's remote atomics — instead of by a
     /// transaction that would take the whole block here and make this
-    /// process its home (two block transfers and a copy back for one word,
+    /// process its home (two block transfers for one word,
     /// and the old home's copy dropped: a reduction into a variable of
     /// `main`'s frame moved its block back and forth at every region).
     ///
@@ -481,7 +482,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             }
         } else if !dirty && !matches!(kind, TxKind::Atomic(..)) {
             // A clean copy is replaced: read the latest version straight
-            // into it (nothing of ours to merge, nothing to copy back) —
+            // into it (nothing of ours to merge) —
             // unless a prefetch read it already, with its neighbours.
             if !matches!(kind, TxKind::Prefetch) {
                 // SAFETY: `data` is this process's copy of the block, `bs`
@@ -735,7 +736,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         lad: &mut Lad,
     ) -> DsmResult<bool> {
         let bs = seg.block_size;
-        let skip = self.release_view(seg, idx).2;
+        let skip = self.dead_words(seg, idx);
         // SAFETY: as in `release_view`, and the twin is ours to write: we
         // hold the block's lock, which every other process reading it (the
         // latest version is our twin) or writing a word of it holds too.
@@ -853,10 +854,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 diff::words_mut(seg.twin_of(idx), bs),
             )
         };
-        let skip = self.stack_live.get().map_or(0, |l| {
+        (data, twin, self.dead_words(seg, idx))
+    }
+
+    /// Leading words of block `idx` that a release skips: dead stack
+    /// memory below the program's frames (0 outside call stacks).
+    fn dead_words(&self, seg: &Segment<U>, idx: usize) -> usize {
+        self.stack_live.get().map_or(0, |l| {
             l.dead_prefix(seg.app(idx), super::live::stack_pointer())
-        }) / 8;
-        (data, twin, skip)
+        }) / 8
     }
 
     /// Whether this process's copy of block `idx` is still what it last
