@@ -50,8 +50,15 @@ dsm-barrier    empty DSM barrier (us), with no other DSM memory and with
                `MENPS_SHM_BARRIER`, is in the params), and
                `comm-round-trip`: an 8-byte message from process 0 to 1
                and back.
-read           process 0 writes S bytes, barrier, process 1 reads them all
-               (MB/s of the read phase); baselines: memcpy of S bytes, and
+read           process 0 writes S bytes, barrier, process 1 reads them all:
+               `menps`, MB/s of the read phase, with the refresh of hot
+               blocks off (MENPS_DSM_REFRESH=0: the reads fetch on demand);
+               `menps-with-barrier`, the same job timed from the barrier
+               (its release and acquire included); and
+               `menps-refresh-with-barrier`, the default configuration
+               timed from the barrier (the refresh fetches the data in the
+               barrier's acquire, so its read phase alone would measure
+               local memory); baselines: memcpy of S bytes, and
                `tcp-stream`: a TCP connection from process 0 to process 1
                (loopback on one machine, the link across hosts) streaming
                64 MiB in writes of S bytes.
@@ -173,10 +180,22 @@ fn drive(args: &Args) {
                     ]);
                 }
                 v
+            } else if part == "read" {
+                // The read phase fetching on demand (refresh off: with it,
+                // the runs after the first find their copies refreshed by
+                // the barrier's acquire and read local memory), then the
+                // default configuration, timed from the barrier on.
+                vec![vec![("MENPS_DSM_REFRESH", "0".to_string())], vec![]]
             } else {
                 vec![vec![]]
             };
             for vars in variants {
+                // The second `read` job is the `read-refresh` part.
+                let job_part = if part == "read" && vars.is_empty() {
+                    "read-refresh"
+                } else {
+                    part.as_str()
+                };
                 let mut cmd = if backend == "mpi" {
                     let mut c = Command::new("mpirun");
                     c.args(["-n", &p.to_string(), "--oversubscribe"]);
@@ -199,7 +218,7 @@ fn drive(args: &Args) {
                     Command::new(&exe)
                 };
                 cmd.args(&passthrough)
-                    .env(CHILD, part)
+                    .env(CHILD, job_part)
                     .env("MENPS_NPROCS", p.to_string());
                 for (k, v) in &vars {
                     cmd.env(k, v);
@@ -239,9 +258,10 @@ fn job(part: &str, args: &Args) {
     };
     match part {
         "barrier" => b.barrier(args.get("barriers", 2000), args.get("touched", 16 << 20)),
-        "read" => b.read(
+        "read" | "read-refresh" => b.read(
             &args.list("read-sizes", &[4096, 65536, 1 << 20, 16 << 20]),
             &args.list("read-blocks", &[32768, 4096]),
+            part == "read-refresh",
         ),
         "false-sharing" => b.false_sharing(
             &args.list("stripes", &[8, 64, 512, 4096, 32768]),
@@ -417,9 +437,109 @@ impl Bench<'_> {
         })
     }
 
-    fn read(&self, sizes: &[usize], blocks: &[usize]) {
+    /// The `read` part: `refresh` tells whether this job runs with the
+    /// refresh of hot blocks (the default configuration; the other job turns
+    /// it off). Rank 1 times its read phase and, from a communication
+    /// barrier that rank 0 enters once it has written, the DSM barrier and
+    /// the read phase together. With the refresh, the data is fetched in the
+    /// barrier's acquire (from the second run on), so only the second figure
+    /// is emitted (`menps-refresh-with-barrier`); without it, both (`menps`,
+    /// `menps-with-barrier`), and the baselines.
+    fn read(&self, sizes: &[usize], blocks: &[usize], refresh: bool) {
         let me = self.dsm.rank();
         let max = sizes.iter().copied().max().unwrap_or(4096);
+        if !refresh {
+            self.read_baselines(sizes, max);
+        }
+        let refreshes = Param::from(usize::from(self.dsm.config().refreshes));
+        for &bs in blocks {
+            let seg = self
+                .dsm
+                .alloc_segment(max.next_multiple_of(bs), bs)
+                .unwrap() as *mut u64;
+            for &s in sizes {
+                let words = s / 8;
+                let mut round = 0u64;
+                // Rank 1's operations in its last read phase.
+                let mut counts = [0u64; 3];
+                // MB/s from the barrier, per run (the first is the warm-up).
+                let mut with_barrier = Vec::new();
+                let st = self.agreed(|| {
+                    round += 1;
+                    if me == 0 {
+                        for i in 0..words {
+                            // SAFETY: only rank 0 writes, before the barrier.
+                            unsafe { seg.add(i).write(round + i as u64) };
+                        }
+                    }
+                    self.dsm.com().barrier().unwrap();
+                    let start = std::time::Instant::now();
+                    self.dsm.barrier().unwrap();
+                    let mut mbs = [0.0f64; 2];
+                    if me == 1 {
+                        let mut sum = 0u64;
+                        let before = self.dsm.com().traffic();
+                        let t = time_secs(|| {
+                            for i in 0..words {
+                                // SAFETY: written before the barrier.
+                                sum = sum.wrapping_add(unsafe { seg.add(i).read() });
+                            }
+                        });
+                        let from_barrier = start.elapsed().as_secs_f64();
+                        let want = (0..words as u64).fold(0u64, |a, i| a.wrapping_add(round + i));
+                        assert_eq!(sum, want, "read bench: wrong data");
+                        mbs = [s as f64 / t / 1e6, s as f64 / from_barrier / 1e6];
+                        if let (Some(b), Some(a)) = (before, self.dsm.com().traffic()) {
+                            let d = a.since(&b);
+                            counts = [d.rma_ops(), d.msgs_sent, d.collectives()];
+                        }
+                    }
+                    self.dsm.barrier().unwrap();
+                    // Rank 1's figures and counts, sent to rank 0.
+                    let mut v = [0u8; 40];
+                    for (i, w) in mbs.iter().map(|m| m.to_bits()).chain(counts).enumerate() {
+                        v[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
+                    }
+                    self.dsm.com().broadcast(1, &mut v).unwrap();
+                    let w = |i: usize| u64::from_le_bytes(v[8 * i..8 * i + 8].try_into().unwrap());
+                    for (i, c) in counts.iter_mut().enumerate() {
+                        *c = w(2 + i);
+                    }
+                    with_barrier.push(f64::from_bits(w(1)));
+                    f64::from_bits(w(0))
+                });
+                let mut params = vec![
+                    ("size", s.into()),
+                    ("block", bs.into()),
+                    ("refreshes", refreshes.clone()),
+                ];
+                let from_barrier = Stats::from_samples(&with_barrier[1..]);
+                if refresh {
+                    self.emit(
+                        "read",
+                        "menps-refresh-with-barrier",
+                        &params,
+                        "MB/s",
+                        &from_barrier,
+                    );
+                    continue;
+                }
+                self.emit("read", "menps-with-barrier", &params, "MB/s", &from_barrier);
+                // The counts are the read phase's (on rank 1).
+                if self.dsm.com().traffic().is_some() {
+                    let names = ["com_rma_per_op", "com_msgs_per_op", "com_colls_per_op"];
+                    for (name, c) in names.into_iter().zip(counts) {
+                        params.push((name, Param::Float(c as f64)));
+                    }
+                }
+                self.emit("read", "menps", &params, "MB/s", &st);
+            }
+        }
+    }
+
+    /// The `read` part's baselines: memcpy of S bytes, and a TCP stream
+    /// from process 0 to process 1 in writes of S bytes.
+    fn read_baselines(&self, sizes: &[usize], max: usize) {
         // memcpy baseline.
         let src = vec![1u8; max];
         let mut dst = vec![0u8; max];
@@ -444,66 +564,6 @@ impl Bench<'_> {
                     .map_or(0.0, |l| l.stream_mbs(s, TCP_BYTES.max(s)))
             });
             self.emit("read", "tcp-stream", &[("size", s.into())], "MB/s", &st);
-        }
-        for &bs in blocks {
-            let seg = self
-                .dsm
-                .alloc_segment(max.next_multiple_of(bs), bs)
-                .unwrap() as *mut u64;
-            for &s in sizes {
-                let words = s / 8;
-                let mut round = 0u64;
-                // Rank 1's operations in its last read phase.
-                let mut counts = [0u64; 3];
-                let st = self.agreed(|| {
-                    round += 1;
-                    if me == 0 {
-                        for i in 0..words {
-                            // SAFETY: only rank 0 writes, before the barrier.
-                            unsafe { seg.add(i).write(round + i as u64) };
-                        }
-                    }
-                    self.dsm.barrier().unwrap();
-                    let mut mbs = 0.0;
-                    if me == 1 {
-                        let mut sum = 0u64;
-                        let before = self.dsm.com().traffic();
-                        let t = time_secs(|| {
-                            for i in 0..words {
-                                // SAFETY: written before the barrier.
-                                sum = sum.wrapping_add(unsafe { seg.add(i).read() });
-                            }
-                        });
-                        let want = (0..words as u64).fold(0u64, |a, i| a.wrapping_add(round + i));
-                        assert_eq!(sum, want, "read bench: wrong data");
-                        mbs = s as f64 / t / 1e6;
-                        if let (Some(b), Some(a)) = (before, self.dsm.com().traffic()) {
-                            let d = a.since(&b);
-                            counts = [d.rma_ops(), d.msgs_sent, d.collectives()];
-                        }
-                    }
-                    self.dsm.barrier().unwrap();
-                    // Rank 1's figure and counts, sent to rank 0.
-                    let mut v = [0u8; 32];
-                    v[..8].copy_from_slice(&mbs.to_le_bytes());
-                    for (i, c) in counts.iter().enumerate() {
-                        v[8 + 8 * i..16 + 8 * i].copy_from_slice(&c.to_le_bytes());
-                    }
-                    self.dsm.com().broadcast(1, &mut v).unwrap();
-                    for (i, c) in counts.iter_mut().enumerate() {
-                        *c = u64::from_le_bytes(v[8 + 8 * i..16 + 8 * i].try_into().unwrap());
-                    }
-                    f64::from_le_bytes(v[..8].try_into().unwrap())
-                });
-                let mut params = vec![("size", s.into()), ("block", bs.into())];
-                if self.dsm.com().traffic().is_some() {
-                    let names = ["com_rma_per_op", "com_msgs_per_op", "com_colls_per_op"];
-                    for (name, c) in names.into_iter().zip(counts) {
-                        params.push((name, Param::Float(c as f64)));
-                    }
-                }
-                self.emit("read", "menps", &params, "MB/s", &st);
-            }
         }
     }
 

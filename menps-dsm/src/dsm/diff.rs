@@ -294,6 +294,45 @@ pub fn changed_runs(a: &[u64], b: &[u64], out: &mut Vec<(usize, usize)>) {
     }
 }
 
+/// Writes into the words at `dst` those of `new` that differ from them,
+/// each with one volatile store, and leaves the others unwritten: a thread
+/// of this process reading a word that did not change sees no store to it.
+/// Compared eight words at a time (plain loads, which the compiler may
+/// widen), which costs about a memory comparison where little changed.
+///
+/// # Safety
+///
+/// `dst` must be 8-byte aligned and valid for reads and writes of
+/// `new.len()` words, and no other thread may write them meanwhile (others
+/// may read them).
+pub unsafe fn write_changed(dst: *mut u64, new: &[u64]) {
+    const CHUNK: usize = 8;
+    let mut at = 0;
+    for chunk in new.chunks(CHUNK) {
+        // SAFETY: words `at .. at + chunk.len()` at `dst` (the caller's
+        // contract); read as a copy, so no reference to them is held while
+        // they are written below.
+        let differ = chunk
+            .iter()
+            .enumerate()
+            .any(|(i, &v)| unsafe { dst.add(at + i).read() != v });
+        if differ {
+            for (i, &v) in chunk.iter().enumerate() {
+                // SAFETY: as above; volatile, so that the compiler neither
+                // merges nor widens the stores over words that did not
+                // change.
+                unsafe {
+                    let p = dst.add(at + i);
+                    if p.read_volatile() != v {
+                        p.write_volatile(v);
+                    }
+                }
+            }
+        }
+        at += chunk.len();
+    }
+}
+
 /// Views `len` bytes at `p` as words.
 ///
 /// # Safety
@@ -340,6 +379,47 @@ mod tests {
             .chunks_exact(8)
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
             .collect()
+    }
+
+    /// `write_changed` writes the words that differ and no other: the
+    /// unchanged half lies on a read-only page, where a store would fault.
+    #[test]
+    fn write_changed_stores_only_changed_words() {
+        const PAGE: usize = 4096;
+        // SAFETY: a fresh private anonymous mapping of two pages, unmapped
+        // at the end; nothing else uses it.
+        unsafe {
+            let p = libc::mmap(
+                core::ptr::null_mut(),
+                2 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            let w = p.cast::<u64>();
+            let n = 2 * PAGE / 8;
+            for i in 0..n {
+                w.add(i).write(i as u64);
+            }
+            assert_eq!(libc::mprotect(p.byte_add(PAGE), PAGE, libc::PROT_READ), 0);
+            // The first page changes in every third word; the second not.
+            let new: Vec<u64> = (0..n)
+                .map(|i| {
+                    if i < PAGE / 8 && i % 3 == 0 {
+                        !(i as u64)
+                    } else {
+                        i as u64
+                    }
+                })
+                .collect();
+            write_changed(w, &new);
+            for (i, &v) in new.iter().enumerate() {
+                assert_eq!(w.add(i).read(), v, "word {i}");
+            }
+            assert_eq!(libc::munmap(p, 2 * PAGE), 0);
+        }
     }
 
     fn bytes(w: &[u64]) -> Vec<u8> {

@@ -64,8 +64,8 @@
 //!   process's part of an array the others read after every barrier, the
 //!   master thread's frame in an OpenMP region — is *hot*. The next few
 //!   acquires that find its copy stale (8 by default) fetch the new version
-//!   into it instead of dropping it: per segment in one batch, as a
-//!   prefetch (the read transaction's lock, lease and read-set entry), the
+//!   into it instead of dropping it: per segment in batches of up to 1 MiB,
+//!   as a prefetch (the read transaction's lock, lease and read-set entry), the
 //!   copy staying readable, so the program's next read neither faults nor
 //!   waits and no `mprotect` is made. Then the copy is dropped once, to
 //!   test whether it is still read: a block the program stopped reading

@@ -9,11 +9,16 @@ use ct_worker::{JoinHandleItf, UltItf};
 use crate::com::Communicator;
 
 use super::super::config::InvalidationPolicy;
+use super::super::diff;
 use super::super::error::DsmResult;
 use super::super::layout;
 use super::super::segment::{BlockMeta, BlockState, Segment};
 use super::super::signature::{Signature, WriteNotice};
 use super::{PARALLEL_RELEASE_MIN as PARALLEL_MIN, Space, TxKind, bump, parallel_min};
+
+/// Bytes of hot blocks one refresh batch fetches at most (one buffer of
+/// this size, reused; one read per run of blocks held by one process).
+const REFRESH_BATCH_BYTES: usize = 1 << 20;
 
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     // ---------------------------------------------------------------
@@ -122,7 +127,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// Refresh of hot blocks: the stale copies an acquire listed (still
     /// readable, see [`Self::keep_for_refresh`]) are fetched anew, per
-    /// segment in one batch as a prefetch is (their global locks tried at
+    /// segment in batches of up to [`REFRESH_BATCH_BYTES`] into a reused
+    /// buffer, each as a prefetch is (their global locks tried at
     /// once, one read per run held by the same process), and stay readable:
     /// no fault, no `mprotect`. Only the words that changed are rewritten,
     /// so this process's threads reading the others (as a data-race-free
@@ -166,7 +172,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     }
                 }
             }
-            let r = self.refresh_run(seg, &mut held);
+            // In batches of about `REFRESH_BATCH_BYTES` (at least one
+            // block), each fetched into one reused buffer.
+            let per = (REFRESH_BATCH_BYTES / seg.block_size).max(1);
+            let r = held
+                .chunks_mut(per)
+                .try_for_each(|batch| self.refresh_run(seg, batch));
             if r.is_err() {
                 for (idx, m) in held.iter_mut() {
                     let _ = self.invalidate(seg, *idx, m);
@@ -194,11 +205,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut lads = self.lock_for_prefetch(seg, &idxs)?;
         // The new versions, one read per run of contiguous blocks held by
         // the same other process; block `k`'s at `fresh[k]`, if fetched.
-        let mut fresh = vec![0u64; blocks.len() * bs / 8];
+        let mut tmp = self.tmp(blocks.len() * bs);
+        let fresh = &mut tmp.buf;
         let mut fetched = vec![false; blocks.len()];
         {
             let mut reads = Vec::new();
-            let mut rest: &mut [u64] = &mut fresh;
+            let mut rest: &mut [u64] = fresh;
             let mut at = 0;
             for (k, n, home) in self.remote_runs(seg, &idxs, &lads) {
                 let (_, tail) = rest.split_at_mut((k - at) * bs / 8);
@@ -217,21 +229,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         for (k, ((j, m), lad)) in blocks.iter_mut().zip(lads.iter_mut()).enumerate() {
             if fetched[k] {
                 let new = &fresh[k * bs / 8..(k + 1) * bs / 8];
-                let data = seg.sys(*j).cast::<u64>();
-                for (w, &v) in new.iter().enumerate() {
-                    // SAFETY: word `w` of our copy of block `j` (`bs`
-                    // bytes, 8-aligned), whose entry lock we hold: only this
-                    // process's threads may access it meanwhile, reading
-                    // through the application view words that did not
-                    // change, which are not rewritten. Volatile: the
-                    // compiler must neither merge nor widen these stores.
-                    unsafe {
-                        let p = data.add(w);
-                        if p.read_volatile() != v {
-                            p.write_volatile(v);
-                        }
-                    }
-                }
+                // SAFETY: our copy of block `j` (`bs` bytes, 8-aligned),
+                // whose entry lock we hold: no other thread writes it
+                // meanwhile (this process's may read it, through the
+                // application view, and see no store to a word that did
+                // not change).
+                unsafe { diff::write_changed(seg.sys(*j).cast::<u64>(), new) };
             }
             bump(&self.stats.transactions);
             self.transaction_locked(
