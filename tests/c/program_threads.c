@@ -8,6 +8,7 @@
  * be there, and every team thread's last word too. */
 #include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
@@ -19,7 +20,9 @@
 
 struct counting {
     volatile long *shared;
-    volatile int *done; /* process-private memory (not the heap) */
+    /* Process-private memory (not the heap): [0] the team is done, [1] the
+     * thread has counted once. */
+    volatile int *flags;
     long counted;
 };
 
@@ -27,10 +30,11 @@ static void *count(void *arg)
 {
     struct counting *c = arg;
     long n = 0;
-    while (!*c->done) {
+    do {
         c->shared[COUNTER] += 1;
         n++;
-    }
+        c->flags[1] = 1;
+    } while (!c->flags[0]);
     c->counted = n;
     return NULL;
 }
@@ -40,15 +44,19 @@ int main(void)
     long *shared = aligned_alloc(4096, WORDS * sizeof *shared);
     for (int i = 0; i < WORDS; i++)
         shared[i] = 0;
-    volatile int *done = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
-                              MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    CHECK(done != MAP_FAILED, "mmap");
-    *done = 0;
+    volatile int *flags = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(flags != MAP_FAILED, "mmap");
+    flags[0] = flags[1] = 0;
     struct counting *c = malloc(sizeof *c);
     c->shared = shared;
-    c->done = done;
+    c->flags = flags;
     pthread_t t;
     CHECK(pthread_create(&t, NULL, count, c) == 0, "pthread_create");
+    /* The team runs for about a millisecond on one process: without this
+     * wait, the thread might not have started before it ends. */
+    while (!flags[1])
+        sched_yield();
     int team = 0;
 #pragma omp parallel
     {
@@ -63,7 +71,7 @@ int main(void)
 #pragma omp barrier
         }
     }
-    *done = 1;
+    flags[0] = 1;
     CHECK(pthread_join(t, NULL) == 0, "pthread_join");
     CHECK(c->counted > 0 && shared[COUNTER] == c->counted,
           "the program's own thread's counts");

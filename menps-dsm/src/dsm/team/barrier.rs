@@ -68,6 +68,12 @@ impl<'d, C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'d, C, U, 
         self.threads_here
     }
 
+    /// Whether the barrier is the in-process one alone (a team of one
+    /// process, or a job of one process).
+    pub fn is_local_only(&self) -> bool {
+        self.local_only
+    }
+
     /// Waits until every thread of the team, in every process, has arrived.
     /// Returns `Ok(true)` in exactly one thread per process (the one that
     /// ran the DSM barrier).

@@ -158,8 +158,11 @@ impl core::fmt::Debug for OpenFork {
 /// thread on a DSM call stack; the other processes wait (asleep, not
 /// spinning) for its commands. From `main`, [`Team::fork`] (or
 /// [`Team::parallel`]) starts a function on `threads_per_process` user-level
-/// threads in **every** process — new threads, each with its own DSM
-/// stack, while `main` waits — and returns when all have finished. Because stacks, heap and
+/// threads in **every** process — on process 0 new threads, each with its
+/// own DSM stack, while `main` waits; on the others, and in a job of one
+/// process, the first of them is the thread that serves the fork (`main`
+/// itself in a job of one process), the rest new threads — and returns
+/// when all have finished. Because stacks, heap and
 /// globals are DSM memory at the same address everywhere, the function may
 /// use pointers into `main`'s frame: a local array of `main`, a `Vec` built
 /// by `main` with the [`DsmAllocator`](crate::dsm::DsmAllocator).
@@ -178,6 +181,10 @@ pub struct Team<'d, C: Communicator + 'static, U: UltItf> {
     /// A fork runs (on process 0: `main` waits for its team).
     forking: AtomicBool,
     forks: AtomicU64,
+    /// The team barrier of the last fork, kept for the next one with the
+    /// same shape (forks run one at a time in a process; a barrier is
+    /// reusable once every thread has left it).
+    spare_barrier: std::sync::Mutex<Option<Box<TeamBarrier<'d, C, U, TeamUlt>>>>,
 }
 
 impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
@@ -218,6 +225,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             running: AtomicBool::new(false),
             forking: AtomicBool::new(false),
             forks: AtomicU64::new(0),
+            spare_barrier: std::sync::Mutex::new(None),
         })
     }
 
@@ -658,10 +666,18 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             // frame: every team barrier writes it, and this frame is on a
             // DSM stack whose block the other processes read (the fork's
             // closure and what it borrows live in the frames above).
-            let barrier: Box<TeamBarrier<'_, C, U, TeamUlt>> = Box::new(if all {
-                TeamBarrier::new(dsm, tpp)
-            } else {
-                TeamBarrier::local(dsm, tpp)
+            let spare = self
+                .spare_barrier
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .filter(|b| b.threads_here() == tpp && b.is_local_only() == (!all || one));
+            let barrier: Box<TeamBarrier<'_, C, U, TeamUlt>> = spare.unwrap_or_else(|| {
+                Box::new(if all {
+                    TeamBarrier::new(dsm, tpp)
+                } else {
+                    TeamBarrier::local(dsm, tpp)
+                })
             });
             let thread = |local: usize| TeamThread {
                 thread_num: first + local,
@@ -672,18 +688,28 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
                 nprocs,
                 barrier: &*barrier,
             };
-            // Every team thread is a new user-level thread: `main` (or the
-            // serving thread) only waits, so its frame — where the fork's
-            // closure and what it borrows live, and which every process
-            // reads — is not written while the team runs (a `main` busy in
-            // its own frame would make the others fetch its blocks again
-            // after every team barrier).
+            // On process 0 of a job of several processes, every team thread
+            // is a new user-level thread: `main` only waits, so its frame —
+            // where the fork's closure and what it borrows live, and which
+            // every process reads — is not written while the team runs (a
+            // `main` busy in its own frame would make the others fetch its
+            // blocks again after every team barrier). Elsewhere no other
+            // process reads the calling thread's frames (the serving thread
+            // of a process other than 0; `main` of a job of one process), so
+            // it runs the first of this process's team threads itself, as
+            // libgomp's master does: one thread fewer to create and join.
+            let inline_first = one || rank != 0;
             ct_worker::scope_in::<TeamConfig, _, _>(|s| {
-                for local in 0..tpp {
+                for local in usize::from(inline_first)..tpp {
                     let thread = &thread;
                     s.spawn(move || run_team_thread(f, &thread(local), data));
                 }
+                if inline_first {
+                    run_team_thread(f, &thread(0), data);
+                }
             });
+            // Every thread that used it has been joined.
+            *self.spare_barrier.lock().unwrap_or_else(|e| e.into_inner()) = Some(barrier);
         }
         if one { dsm.check() } else { dsm.barrier() }
     }
