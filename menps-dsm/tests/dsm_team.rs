@@ -11,7 +11,7 @@ use std::process::Command;
 use ct_worker::OsThreads;
 use menps_dsm::com::AnyCom;
 use menps_dsm::dsm::allocator::is_dsm_pointer;
-use menps_dsm::dsm::team::{Team, TeamBarrier, TeamThread};
+use menps_dsm::dsm::team::{FORK_SENT_MAX, Team, TeamBarrier, TeamThread};
 use menps_dsm::dsm::{Dsm, DsmAllocator, DsmError, process};
 
 #[global_allocator]
@@ -51,6 +51,7 @@ fn job_entry() {
         "team_panic" => team_panic(&dsm),
         "fork_on" => fork_on(&dsm),
         "fork_team" => fork_team(&dsm),
+        "fork_sent" => fork_sent(&dsm),
         "serve_idle" => serve_idle(&dsm),
         "fork_before_start" => fork_before_start(&dsm),
         "stack_overflow" => stack_overflow(&dsm),
@@ -650,6 +651,79 @@ fn fork_team(dsm: &D) {
     .unwrap();
 }
 
+/// A fork's description, sent with the fork (`fork_team_sent`).
+#[repr(C)]
+struct Sent {
+    /// The fork's number.
+    seed: u64,
+    /// `seed * (i + 1)` each.
+    words: [u64; 24],
+    /// Where the description lies in main's frame.
+    main_at: usize,
+    /// Where every team thread reports (main's array): the seed it saw,
+    /// whether the words were whole, and whether its description was
+    /// main's own.
+    report: usize,
+}
+
+/// `fork_team_sent`: every fork's description, rewritten by `main` in its
+/// frame before each fork, reaches every team thread whole — process 0's as
+/// main's own bytes, the other processes' as a copy that came with the
+/// fork — and a description over the limit is refused before any process
+/// starts the fork.
+fn fork_sent(dsm: &D) {
+    let nprocs = dsm.nprocs();
+    let team = Team::new(dsm, 2).unwrap();
+    team.run_main(|| {
+        unsafe fn body(t: &TeamThread<'_>, d: *mut u8) {
+            // SAFETY: a `Sent`, main's or this process's copy.
+            let s = unsafe { &*d.cast::<Sent>() };
+            let whole = s
+                .words
+                .iter()
+                .enumerate()
+                .all(|(i, &w)| w == s.seed * (i as u64 + 1));
+            // SAFETY: element `thread_num` of main's array is this
+            // thread's.
+            unsafe {
+                (s.report as *mut (u64, bool, bool))
+                    .add(t.thread_num())
+                    .write((s.seed, whole, d as usize == s.main_at))
+            };
+        }
+        let mut seen = [(0u64, false, false); 16];
+        // Two threads per process: threads 0 and 1 are process 0's.
+        let n = 2 * nprocs;
+        for fork in 1..=20u64 {
+            let mut sent = Sent {
+                seed: fork,
+                words: [0; 24],
+                main_at: 0,
+                report: seen.as_mut_ptr() as usize,
+            };
+            for (i, w) in sent.words.iter_mut().enumerate() {
+                *w = fork * (i as u64 + 1);
+            }
+            let at = (&raw mut sent).cast::<u8>();
+            sent.main_at = at as usize;
+            // SAFETY: `sent` is plain data and lives until the fork ends;
+            // the threads write disjoint elements of `seen`.
+            unsafe { team.fork_team_sent(n, body, at, size_of::<Sent>()) }.unwrap();
+            for (k, &(seed, whole, own)) in seen[..n].iter().enumerate() {
+                assert_eq!(seed, fork, "thread {k} saw the description of fork {seed}");
+                assert!(whole, "thread {k}: a torn description");
+                assert_eq!(own, k < 2, "thread {k}: main's own description or a copy");
+            }
+        }
+        let mut big = [0u8; FORK_SENT_MAX + 1];
+        // SAFETY: refused before anything runs.
+        let e = unsafe { team.fork_team_sent(n, body, big.as_mut_ptr(), big.len()) }.unwrap_err();
+        assert!(matches!(e, DsmError::InvalidArgument(_)), "{e}");
+        assert!(e.to_string().contains("at most"), "{e}");
+    })
+    .unwrap();
+}
+
 /// A team thread of the last process recurses without end on its DSM call
 /// stack: the guard block below the stack ends that process with a
 /// message (never a write into another thread's stack).
@@ -863,6 +937,11 @@ fn blocked_thread_resumes_with_its_stack_intact() {
 #[test]
 fn plain_join_in_a_team_thread_forks_on_dsm_stacks() {
     run("plain_join", &[1, 2]);
+}
+
+#[test]
+fn a_forks_description_travels_with_it() {
+    run("fork_sent", &[2, 3]);
 }
 
 #[test]

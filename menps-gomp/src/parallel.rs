@@ -23,6 +23,9 @@ use crate::{
 };
 use menps_omp::Schedule;
 
+// A region's description travels with its fork (`Team::fork_team_sent`).
+const _: () = assert!(size_of::<Region>() <= menps_dsm::dsm::team::FORK_SENT_MAX);
+
 /// An outlined region body.
 pub type OutlinedFn = unsafe extern "C" fn(*mut c_void);
 
@@ -140,11 +143,19 @@ pub(crate) unsafe fn parallel_region(
     // bookkeeping, on another worker) while thread 0 does.
     crate::tls::leave();
     let pinned = pin_shared(data);
-    // SAFETY: `region` lives in this frame (DSM memory: `main` runs on a DSM
-    // stack) until the fork returns; `team_thread` reads it as a `Region`.
+    // SAFETY: `region` lives in this frame until the fork returns;
+    // `team_thread` reads it as a `Region`. It is plain data (numbers,
+    // code and DSM addresses), so the other processes' threads read their
+    // copy, sent with the fork, rather than `main`'s frame; only thread 0
+    // (process 0, which gets `region` itself) writes it.
     unsafe {
         rt.team
-            .fork_team(n, team_thread, (&region as *const Region).cast_mut().cast())
+            .fork_team_sent(
+                n,
+                team_thread,
+                (&region as *const Region).cast_mut().cast(),
+                size_of::<Region>(),
+            )
             .unwrap_or_else(|e| die(format_args!("parallel region: {e}")));
     }
     if let Some(p) = pinned {

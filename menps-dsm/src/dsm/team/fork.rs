@@ -30,6 +30,15 @@ const CMD_EXIT: u64 = 2;
 /// process (`ALL`: every process).
 const CMD_WORDS: usize = 5;
 const ALL: u64 = u64::MAX;
+
+/// Bytes of a fork's description at most that travel with its command
+/// ([`Team::fork_team_sent`]).
+pub const FORK_SENT_MAX: usize = 256;
+
+/// A fork's description as received by a process other than 0, 16-byte
+/// aligned.
+#[repr(C, align(16))]
+struct SentCopy([u8; FORK_SENT_MAX]);
 /// Hook-word bit of the thread running the team's `main` (the allocator
 /// uses the low 32 bits).
 const MAIN_MARK: usize = 1 << 32;
@@ -279,7 +288,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             r
         });
         // The others stop serving whatever happened to `main`.
-        let stopped = self.command([CMD_EXIT, 0, 0, 0, ALL]);
+        let stopped = self.command([CMD_EXIT, 0, 0, 0, ALL], &[]);
         let out =
             out.map_err(|e| DsmError::Config(format!("cannot start the team's main: {e}")))?;
         match out {
@@ -307,28 +316,40 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     /// The loop of the processes other than 0: runs forks until `main` ends.
     fn serve(&self) -> DsmResult<()> {
         loop {
+            // The fork's description, if one travels with the command.
+            let mut sent = SentCopy([0; FORK_SENT_MAX]);
             let cmd = {
                 // Runtime work: the message is not DSM memory.
                 let _rt = RuntimeGuard::enter();
-                let mut b = [0u8; 8 * CMD_WORDS];
+                let mut b = [0u8; 8 * CMD_WORDS + FORK_SENT_MAX];
                 let (_, len) = self
                     .dsm
                     .com()
                     .recv_into(Source::Rank(0), TEAM_TAG, &mut b)?;
                 let w = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8"));
-                (len, [w(0), w(1), w(2), w(3), w(4)])
+                let head = 8 * CMD_WORDS;
+                let extra = len.saturating_sub(head);
+                sent.0[..extra].copy_from_slice(&b[head..head + extra]);
+                (len.min(head), extra, [w(0), w(1), w(2), w(3), w(4)])
             };
             match cmd {
-                (40, [CMD_FORK, f, data, tpp, target]) => {
+                (40, extra, [CMD_FORK, f, data, tpp, target]) => {
                     // SAFETY: process 0 sent the address of a `TeamFn` of
                     // this binary (same code addresses, checked by
                     // `run_main`) with the data pointer and thread count its
-                    // `fork` caller vouched for.
+                    // `fork` caller vouched for; a description that came
+                    // with it stands for the bytes at `data`
+                    // (`fork_team_sent`), and lives until the fork ends.
                     let f: TeamFn = unsafe { core::mem::transmute::<usize, TeamFn>(f as usize) };
-                    self.execute(f, data as usize, tpp as usize, target)?;
+                    let data = if extra > 0 {
+                        sent.0.as_mut_ptr() as usize
+                    } else {
+                        data as usize
+                    };
+                    self.execute(f, data, tpp as usize, target)?;
                 }
-                (40, [CMD_EXIT, ..]) => return Ok(()),
-                (len, w) => {
+                (40, 0, [CMD_EXIT, ..]) => return Ok(()),
+                (len, _, w) => {
                     return Err(DsmError::Misuse(format!(
                         "a corrupt team command from process 0 ({len} bytes: {w:?})"
                     )));
@@ -337,15 +358,20 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         }
     }
 
-    /// Sends a command to every other process.
-    fn command(&self, w: [u64; CMD_WORDS]) -> DsmResult<()> {
+    /// Sends a command, and the bytes `sent` after it, to every other
+    /// process.
+    fn command(&self, w: [u64; CMD_WORDS], sent: &[u8]) -> DsmResult<()> {
         let _rt = RuntimeGuard::enter();
-        let mut bytes = [0u8; 8 * CMD_WORDS];
+        let head = 8 * CMD_WORDS;
+        let mut bytes = [0u8; 8 * CMD_WORDS + FORK_SENT_MAX];
         for (b, v) in bytes.chunks_exact_mut(8).zip(w) {
             b.copy_from_slice(&v.to_le_bytes());
         }
+        bytes[head..head + sent.len()].copy_from_slice(sent);
         for p in 1..self.dsm.nprocs() {
-            self.dsm.com().send(p, TEAM_TAG, &bytes)?;
+            self.dsm
+                .com()
+                .send(p, TEAM_TAG, &bytes[..head + sent.len()])?;
         }
         Ok(())
     }
@@ -400,6 +426,50 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         unsafe { self.fork_to(target, num_threads, f, data) }
     }
 
+    /// [`Team::fork_team`] whose `data` is a small description of the fork
+    /// (at most [`FORK_SENT_MAX`] bytes, `len`) that its threads only read:
+    /// it travels with the fork's command, and the team threads of the other
+    /// processes get a pointer to their process's copy (16-byte aligned)
+    /// instead of `data`, so they do not read it from `main`'s frame —
+    /// whose blocks they would otherwise fetch again at every fork, since
+    /// `main` writes them. Process 0's threads get `data` itself (so only
+    /// they may write what it points to).
+    ///
+    /// # Safety
+    ///
+    /// As for [`Team::fork`], and the `len` bytes at `data` must be
+    /// readable and mean the same in every process when copied as bytes
+    /// (plain data: no pointers to process-private memory).
+    ///
+    /// # Errors
+    ///
+    /// [`DsmError::InvalidArgument`] if `len` exceeds [`FORK_SENT_MAX`]; as
+    /// [`Team::fork_team`] otherwise.
+    pub unsafe fn fork_team_sent(
+        &self,
+        num_threads: usize,
+        f: TeamFn,
+        data: *mut u8,
+        len: usize,
+    ) -> DsmResult<()> {
+        if len > FORK_SENT_MAX {
+            return Err(DsmError::InvalidArgument(format!(
+                "a fork's description of {len} bytes: at most {FORK_SENT_MAX} travel with the fork"
+            )));
+        }
+        let target = if num_threads < self.dsm.nprocs() {
+            0
+        } else {
+            ALL
+        };
+        // SAFETY: the caller's contract: `len` readable bytes at `data`.
+        let sent = unsafe { core::slice::from_raw_parts(data.cast_const(), len) };
+        self.announce(target, num_threads, f, data, sent)?;
+        let r = self.execute(f, data as usize, num_threads, target);
+        self.forking.store(false, Ordering::Release);
+        r
+    }
+
     /// [`Team::fork`] onto process `rank` only: `threads` user-level
     /// threads there, and
     /// the team barrier among them is an in-process barrier. The other
@@ -435,7 +505,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         f: TeamFn,
         data: *mut u8,
     ) -> DsmResult<()> {
-        self.announce(target, threads, f, data)?;
+        self.announce(target, threads, f, data, &[])?;
         let r = self.execute(f, data as usize, threads, target);
         self.forking.store(false, Ordering::Release);
         r
@@ -443,7 +513,14 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
 
     /// Checks that a fork may start here, tells the other processes, and
     /// marks the fork running.
-    fn announce(&self, target: u64, threads: usize, f: TeamFn, data: *mut u8) -> DsmResult<()> {
+    fn announce(
+        &self,
+        target: u64,
+        threads: usize,
+        f: TeamFn,
+        data: *mut u8,
+        sent: &[u8],
+    ) -> DsmResult<()> {
         let in_main = self.dsm.rank() == 0
             && self.running.load(Ordering::Acquire)
             && !self.forking.load(Ordering::Acquire)
@@ -469,13 +546,16 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             )));
         }
         self.forks.fetch_add(1, Ordering::Relaxed);
-        self.command([
-            CMD_FORK,
-            f as usize as u64,
-            data as u64,
-            threads as u64,
-            target,
-        ])?;
+        self.command(
+            [
+                CMD_FORK,
+                f as usize as u64,
+                data as u64,
+                threads as u64,
+                target,
+            ],
+            sent,
+        )?;
         self.forking.store(true, Ordering::Release);
         Ok(())
     }
@@ -500,7 +580,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         let dsm = self.dsm;
         let (rank, nprocs) = (dsm.rank(), dsm.nprocs());
         let target = if num_threads < nprocs { 0 } else { ALL };
-        self.announce(target, num_threads, f, data)?;
+        self.announce(target, num_threads, f, data, &[])?;
         let r = (|| {
             let _rt = RuntimeGuard::enter();
             if nprocs > 1 {

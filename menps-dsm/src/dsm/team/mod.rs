@@ -41,7 +41,7 @@ mod fork;
 mod stacks;
 
 pub use barrier::TeamBarrier;
-pub use fork::{OpenFork, Team, TeamConfig, TeamFn, TeamThread, TeamUlt};
+pub use fork::{FORK_SENT_MAX, OpenFork, Team, TeamConfig, TeamFn, TeamThread, TeamUlt};
 pub use stacks::{DsmStacks, PinHook, SwitchExtension, set_switch_extension};
 
 use ct_worker::UltItf;
