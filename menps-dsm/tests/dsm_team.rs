@@ -704,8 +704,10 @@ fn fork_sent(dsm: &D) {
             for (i, w) in sent.words.iter_mut().enumerate() {
                 *w = fork * (i as u64 + 1);
             }
-            let at = (&raw mut sent).cast::<u8>();
-            sent.main_at = at as usize;
+            let at = &raw mut sent;
+            // SAFETY: `at` points to `sent`, alive and not borrowed.
+            unsafe { (*at).main_at = at as usize };
+            let at = at.cast::<u8>();
             // SAFETY: `sent` is plain data and lives until the fork ends;
             // the threads write disjoint elements of `seen`.
             unsafe { team.fork_team_sent(n, body, at, size_of::<Sent>()) }.unwrap();
