@@ -401,7 +401,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     ) -> DsmResult<()> {
         let total = threads_per_process.saturating_mul(self.dsm.nprocs());
         // SAFETY: forwarded contract.
-        unsafe { self.fork_to(ALL, total, f, data) }
+        unsafe { self.fork_to(ALL, total, f, data, &[]) }
     }
 
     /// [`Team::fork`] of a team of `num_threads` threads in all, spread over
@@ -417,13 +417,8 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     ///
     /// As for [`Team::fork`].
     pub unsafe fn fork_team(&self, num_threads: usize, f: TeamFn, data: *mut u8) -> DsmResult<()> {
-        let target = if num_threads < self.dsm.nprocs() {
-            0
-        } else {
-            ALL
-        };
         // SAFETY: forwarded contract.
-        unsafe { self.fork_to(target, num_threads, f, data) }
+        unsafe { self.fork_to(self.team_target(num_threads), num_threads, f, data, &[]) }
     }
 
     /// [`Team::fork_team`] whose `data` is a small description of the fork
@@ -433,7 +428,8 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     /// instead of `data`, so they do not read it from `main`'s frame —
     /// whose blocks they would otherwise fetch again at every fork, since
     /// `main` writes them. Process 0's threads get `data` itself (so only
-    /// they may write what it points to).
+    /// they may write what it points to). With `len` 0 this is
+    /// [`Team::fork_team`].
     ///
     /// # Safety
     ///
@@ -457,17 +453,23 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
                 "a fork's description of {len} bytes: at most {FORK_SENT_MAX} travel with the fork"
             )));
         }
-        let target = if num_threads < self.dsm.nprocs() {
+        let sent = if len == 0 {
+            &[][..]
+        } else {
+            // SAFETY: the caller's contract: `len` readable bytes at `data`.
+            unsafe { core::slice::from_raw_parts(data.cast_const(), len) }
+        };
+        // SAFETY: forwarded contract.
+        unsafe { self.fork_to(self.team_target(num_threads), num_threads, f, data, sent) }
+    }
+
+    /// Where [`Team::fork_team`] runs a team of `num_threads` threads.
+    fn team_target(&self, num_threads: usize) -> u64 {
+        if num_threads < self.dsm.nprocs() {
             0
         } else {
             ALL
-        };
-        // SAFETY: the caller's contract: `len` readable bytes at `data`.
-        let sent = unsafe { core::slice::from_raw_parts(data.cast_const(), len) };
-        self.announce(target, num_threads, f, data, sent)?;
-        let r = self.execute(f, data as usize, num_threads, target);
-        self.forking.store(false, Ordering::Release);
-        r
+        }
     }
 
     /// [`Team::fork`] onto process `rank` only: `threads` user-level
@@ -494,18 +496,20 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             )));
         }
         // SAFETY: forwarded contract.
-        unsafe { self.fork_to(rank as u64, threads, f, data) }
+        unsafe { self.fork_to(rank as u64, threads, f, data, &[]) }
     }
 
-    /// A fork to every process (`ALL`) or to one.
+    /// A fork to every process (`ALL`) or to one, with the description
+    /// `sent` (empty: none; see [`Team::fork_team_sent`]).
     unsafe fn fork_to(
         &self,
         target: u64,
         threads: usize,
         f: TeamFn,
         data: *mut u8,
+        sent: &[u8],
     ) -> DsmResult<()> {
-        self.announce(target, threads, f, data, &[])?;
+        self.announce(target, threads, f, data, sent)?;
         let r = self.execute(f, data as usize, threads, target);
         self.forking.store(false, Ordering::Release);
         r
@@ -579,7 +583,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     ) -> DsmResult<OpenFork> {
         let dsm = self.dsm;
         let (rank, nprocs) = (dsm.rank(), dsm.nprocs());
-        let target = if num_threads < nprocs { 0 } else { ALL };
+        let target = self.team_target(num_threads);
         self.announce(target, num_threads, f, data, &[])?;
         let r = (|| {
             let _rt = RuntimeGuard::enter();
