@@ -3,9 +3,12 @@
 //!
 //! A region started by the initial thread (`main`, process 0) forks a team
 //! over every process: `num_threads` threads (or the `nthreads-var` ICV),
-//! spread over the processes as evenly as they go, each a new user-level
-//! thread on a DSM call stack, while `main` waits. The outlined function's
-//! data lives in `main`'s frame (DSM memory), so every process reads it. A
+//! spread over the processes as evenly as they go, each a user-level
+//! thread on a DSM call stack: on process 0 new threads while `main` waits,
+//! elsewhere the first of them is the thread serving the fork (in a job of
+//! one process, `main` itself, as libgomp's master thread). The outlined
+//! function's data lives in `main`'s frame (DSM memory), so every process
+//! reads it; the region's own description travels with the fork. A
 //! region started inside a region runs on the encountering thread alone
 //! (nested parallelism is off: `max-active-levels` is 1).
 

@@ -377,8 +377,9 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     }
 
     /// Starts `f(thread, data)` on `threads_per_process` user-level threads
-    /// in every process (new user-level threads; the calling `main` waits)
-    /// and returns once all have returned, their writes visible to `main`.
+    /// in every process (on process 0 new user-level threads while the
+    /// calling `main` waits; see [`Team`] for the others) and returns once
+    /// all have returned, their writes visible to `main`.
     ///
     /// Only `main` of [`Team::run_main`] on process 0 may fork (a fork from
     /// anywhere else — before `run_main`, from a team thread — is an
