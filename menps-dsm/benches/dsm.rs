@@ -261,7 +261,7 @@ fn job(part: &str, args: &Args) {
         "read" | "read-refresh" => b.read(
             &args.list("read-sizes", &[4096, 65536, 1 << 20, 16 << 20]),
             &args.list("read-blocks", &[32768, 4096]),
-            part == "read-refresh",
+            part == "read",
         ),
         "false-sharing" => b.false_sharing(
             &args.list("stripes", &[8, 64, 512, 4096, 32768]),
@@ -437,20 +437,21 @@ impl Bench<'_> {
         })
     }
 
-    /// The `read` part: `refresh` tells whether this job runs with the
-    /// refresh of hot blocks (the default configuration; the other job turns
-    /// it off). Rank 1 times its read phase and, from a communication
-    /// barrier that rank 0 enters once it has written, the DSM barrier and
-    /// the read phase together. With the refresh, the data is fetched in the
-    /// barrier's acquire (from the second run on), so only the second figure
-    /// is emitted (`menps-refresh-with-barrier`); without it, both (`menps`,
-    /// `menps-with-barrier`), and the baselines.
-    fn read(&self, sizes: &[usize], blocks: &[usize], refresh: bool) {
+    /// The `read` part (with `baselines`, the baselines too). Rank 1 times
+    /// its read phase and, from a communication barrier that rank 0 enters
+    /// once it has written, the DSM barrier and the read phase together.
+    /// With the refresh of hot blocks on (the default configuration), the
+    /// data is fetched in the barrier's acquire from the second run on, so
+    /// only the second figure is emitted (`menps-refresh-with-barrier`);
+    /// with it off (`MENPS_DSM_REFRESH=0`, as the driver's first job runs),
+    /// both (`menps`, `menps-with-barrier`).
+    fn read(&self, sizes: &[usize], blocks: &[usize], baselines: bool) {
         let me = self.dsm.rank();
         let max = sizes.iter().copied().max().unwrap_or(4096);
-        if !refresh {
+        if baselines {
             self.read_baselines(sizes, max);
         }
+        let refresh = self.dsm.config().refreshes > 0;
         let refreshes = Param::from(usize::from(self.dsm.config().refreshes));
         for &bs in blocks {
             let seg = self
