@@ -53,6 +53,7 @@
 
 pub mod api;
 pub mod atomics;
+mod caller_sp;
 mod errno;
 pub mod heap;
 pub mod image;

@@ -16,6 +16,7 @@
 
 use core::ffi::{c_long, c_uint, c_ulonglong, c_void};
 
+use crate::caller_sp::with_caller_sp;
 use crate::parallel::{OutlinedFn, parallel_region, parallel_start};
 use crate::{CThread, LoopKind, LoopState, current_thread, die, rt};
 use menps_omp::Schedule;
@@ -226,8 +227,9 @@ fn wait_turn(lp: &LoopState) {
     }
 }
 
-/// Ends this thread's part of the loop; then the barrier unless `nowait`.
-pub(crate) fn end(ct: &CThread, nowait: bool) {
+/// Ends this thread's part of the loop; then the barrier unless `nowait`
+/// (`caller_sp`: see [`crate::sync::team_barrier`]).
+pub(crate) fn end(ct: &CThread, nowait: bool, caller_sp: Option<usize>) {
     let lp = ct.lp.get();
     if lp.kind == LoopKind::None {
         die("GOMP_loop_end outside a work-sharing loop");
@@ -241,7 +243,7 @@ pub(crate) fn end(ct: &CThread, nowait: bool) {
     }
     ct.lp.set(LoopState::default());
     if !nowait {
-        crate::sync::team_barrier(ct);
+        crate::sync::team_barrier(ct, caller_sp);
     }
 }
 
@@ -567,23 +569,33 @@ loop_entry_points! {
     parallel_runtime_start GOMP_parallel_loop_runtime_start;
 }
 
-/// `GOMP_loop_end`: this thread's part of the loop is done; the barrier.
-#[unsafe(no_mangle)]
-pub extern "C" fn GOMP_loop_end() {
-    end(me("GOMP_loop_end"), false)
+with_caller_sp!(
+    /// `GOMP_loop_end`: this thread's part of the loop is done; the barrier.
+    GOMP_loop_end => loop_end_from
+);
+
+/// `GOMP_loop_end`, called from a program whose stack pointer was
+/// `caller_sp`.
+extern "C" fn loop_end_from(caller_sp: usize) {
+    end(me("GOMP_loop_end"), false, Some(caller_sp))
 }
 
 /// `GOMP_loop_end_nowait`: as `GOMP_loop_end` without the barrier.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_loop_end_nowait() {
-    end(me("GOMP_loop_end_nowait"), true)
+    end(me("GOMP_loop_end_nowait"), true, None)
 }
 
-/// `GOMP_loop_end_cancel`: `GOMP_loop_end`; cancellation is off, so the
-/// region is never cancelled.
-#[unsafe(no_mangle)]
-pub extern "C" fn GOMP_loop_end_cancel() -> bool {
-    end(me("GOMP_loop_end_cancel"), false);
+with_caller_sp!(
+    /// `GOMP_loop_end_cancel`: `GOMP_loop_end`; cancellation is off, so the
+    /// region is never cancelled.
+    GOMP_loop_end_cancel -> bool => loop_end_cancel_from
+);
+
+/// `GOMP_loop_end_cancel`, called from a program whose stack pointer was
+/// `caller_sp`.
+extern "C" fn loop_end_cancel_from(caller_sp: usize) -> bool {
+    end(me("GOMP_loop_end_cancel"), false, Some(caller_sp));
     false
 }
 
@@ -668,22 +680,32 @@ pub extern "C" fn GOMP_sections_next() -> c_uint {
     next_section(me("GOMP_sections_next"))
 }
 
-/// `GOMP_sections_end`: ends `sections`, with its barrier.
-#[unsafe(no_mangle)]
-pub extern "C" fn GOMP_sections_end() {
-    end(me("GOMP_sections_end"), false)
+with_caller_sp!(
+    /// `GOMP_sections_end`: ends `sections`, with its barrier.
+    GOMP_sections_end => sections_end_from
+);
+
+/// `GOMP_sections_end`, called from a program whose stack pointer was
+/// `caller_sp`.
+extern "C" fn sections_end_from(caller_sp: usize) {
+    end(me("GOMP_sections_end"), false, Some(caller_sp))
 }
 
 /// `GOMP_sections_end_nowait`: ends `sections` without the barrier.
 #[unsafe(no_mangle)]
 pub extern "C" fn GOMP_sections_end_nowait() {
-    end(me("GOMP_sections_end_nowait"), true)
+    end(me("GOMP_sections_end_nowait"), true, None)
 }
 
-/// `GOMP_sections_end_cancel`: `GOMP_sections_end` (cancellation is off).
-#[unsafe(no_mangle)]
-pub extern "C" fn GOMP_sections_end_cancel() -> bool {
-    end(me("GOMP_sections_end_cancel"), false);
+with_caller_sp!(
+    /// `GOMP_sections_end_cancel`: `GOMP_sections_end` (cancellation is off).
+    GOMP_sections_end_cancel -> bool => sections_end_cancel_from
+);
+
+/// `GOMP_sections_end_cancel`, called from a program whose stack pointer
+/// was `caller_sp`.
+extern "C" fn sections_end_cancel_from(caller_sp: usize) -> bool {
+    end(me("GOMP_sections_end_cancel"), false, Some(caller_sp));
     false
 }
 

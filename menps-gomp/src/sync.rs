@@ -8,6 +8,7 @@
 //! what the previous holder wrote is visible to the next. A held mutex is
 //! kept in this process's table until it is released.
 
+use crate::caller_sp::with_caller_sp;
 use crate::errno::KeepErrno;
 use core::ffi::{c_int, c_void};
 use std::collections::HashMap;
@@ -55,36 +56,51 @@ pub(crate) fn release(key: u64, what: &str) {
 }
 
 /// The team barrier of `ct`: its tasks complete first, as every task of
-/// the team must at a barrier.
-pub(crate) fn team_barrier(ct: &CThread) {
+/// the team must at a barrier. `caller_sp` is the program's stack pointer
+/// before it called the runtime, where an entry point knows it
+/// ([`crate::caller_sp`]).
+pub(crate) fn team_barrier(ct: &CThread, caller_sp: Option<usize>) {
     let _errno = KeepErrno::new();
     crate::tasks::wait_children(&ct.task);
     if let Some(tt) = ct.team() {
-        // The program's frames end about here: the barrier's releases need
-        // not publish the runtime's frames below (they change at every
-        // barrier, and no other thread reads them).
+        // The barrier's releases need not publish the runtime's frames
+        // below the program's (they change at every barrier, and no other
+        // thread reads them). Without the caller's stack pointer they end
+        // about here.
         let here = 0u8;
-        let _frames = rt()
-            .dsm
-            .program_frames_end(core::hint::black_box(&here) as *const u8 as usize);
+        let dsm = rt().dsm;
+        let _frames = match caller_sp {
+            Some(sp) => dsm.program_frames_end_at_call(sp),
+            None => dsm.program_frames_end(core::hint::black_box(&here) as *const u8 as usize),
+        };
         crate::start::flush_output();
         tt.barrier()
             .unwrap_or_else(|e| die(format_args!("team barrier: {e}")));
     }
 }
 
-/// `GOMP_barrier`.
-#[unsafe(no_mangle)]
-pub extern "C" fn GOMP_barrier() {
+with_caller_sp!(
+    /// `GOMP_barrier`.
+    GOMP_barrier => barrier_from
+);
+
+/// `GOMP_barrier`, called from a program whose stack pointer was
+/// `caller_sp`.
+extern "C" fn barrier_from(caller_sp: usize) {
     if let Some(ct) = current_thread() {
-        team_barrier(ct);
+        team_barrier(ct, Some(caller_sp));
     }
 }
 
-/// `GOMP_barrier_cancel`: `GOMP_barrier` (cancellation is off).
-#[unsafe(no_mangle)]
-pub extern "C" fn GOMP_barrier_cancel() -> bool {
-    GOMP_barrier();
+with_caller_sp!(
+    /// `GOMP_barrier_cancel`: `GOMP_barrier` (cancellation is off).
+    GOMP_barrier_cancel -> bool => barrier_cancel_from
+);
+
+/// `GOMP_barrier_cancel`, called from a program whose stack pointer was
+/// `caller_sp`: never cancelled.
+extern "C" fn barrier_cancel_from(caller_sp: usize) -> bool {
+    barrier_from(caller_sp);
     false
 }
 
@@ -219,7 +235,7 @@ pub extern "C" fn GOMP_single_copy_start() -> *mut c_void {
     }
     // The runner publishes its data (in its frame: DSM memory) and the
     // address, then meets us at this barrier.
-    team_barrier(ct);
+    team_barrier(ct, None);
     let rt = rt();
     let p = rt.ring.load(rt.dsm, seq, ORD);
     rt.ring.leave(rt.dsm, seq, ct.num_threads);
@@ -238,7 +254,7 @@ pub extern "C" fn GOMP_single_copy_end(data: *mut c_void) {
     let rt = rt();
     let seq = ct.copy_seq.get();
     rt.ring.fetch_add(rt.dsm, seq, ORD, data as u64);
-    team_barrier(ct);
+    team_barrier(ct, None);
     rt.ring.leave(rt.dsm, seq, ct.num_threads);
 }
 

@@ -103,6 +103,34 @@ int main(void)
     CHECK(gsum == 136, "sum of .data array");
     printf("globals: sum=%ld last=%ld\n", gsum, g_bss[N - 1]);
 
+    /* A team thread's own locals, read by the others after a barrier and
+     * after the barrier that ends a loop: the frame just above the
+     * runtime's entry point is the program's and must be published. */
+    long *frames[64];
+#pragma omp parallel
+    {
+        long own[4];
+        int me = omp_get_thread_num(), nt = omp_get_num_threads();
+        frames[me] = own;
+        for (int round = 0; round < 3; round++) {
+            for (int k = 0; k < 4; k++)
+                own[k] = 1000 * round + 10 * me + k;
+            if (round % 2 == 0) {
+#pragma omp barrier
+            } else {
+#pragma omp for schedule(dynamic)
+                for (int i = 0; i < nt; i++)
+                    (void)i;
+            }
+            int next = (me + 1) % nt;
+            for (int k = 0; k < 4; k++)
+                CHECK(frames[next][k] == 1000 * round + 10 * next + k,
+                      "a team thread's frame read by another after a barrier");
+#pragma omp barrier
+        }
+    }
+    printf("frames: ok\n");
+
     /* Heap memory allocated by main, used by the team. */
     int *m = malloc(N * sizeof *m);
     long *c = calloc(N, sizeof *c);

@@ -383,6 +383,22 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         }
     }
 
+    /// [`program_frames_end`](Self::program_frames_end) for a program that
+    /// entered the runtime by a call: `caller_sp` is its stack pointer
+    /// before the call instruction (the address just above the return
+    /// address). A function that calls has no red zone, so everything below
+    /// `caller_sp` counts as dead — the return address, and the registers
+    /// the runtime's frames saved, which change from call to call (a loop
+    /// counter the program keeps in a callee-saved register) and would
+    /// otherwise make every barrier of a loop publish a stack block.
+    pub fn program_frames_end_at_call(&self, caller_sp: usize) -> ProgramFrames<'_, C, U> {
+        self.space.set_stack_floor(caller_sp, caller_sp);
+        ProgramFrames {
+            dsm: self,
+            sp: caller_sp,
+        }
+    }
+
     /// See [`crate::internals::flush_publishing_during`].
     pub(crate) fn flush_publishing_during(&self, f: impl FnOnce()) -> DsmResult<()> {
         self.space.flush_publishing_during(f)

@@ -704,6 +704,25 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if !(self.cfg.fast_release_active() && m.state.writable() && m.written_last) {
             return Ok(false);
         }
+        // A block that was idle at the last release and stays listed when
+        // idle (pinned, or not yet at its idle limit) and is still unchanged:
+        // an idle release needs neither the global lock nor the LAD — it
+        // announces nothing, whoever wrote the block last, and the twin
+        // stays as it is. (A call stack's live blocks are released idle at
+        // every barrier of a loop of barriers; the lock's message-free
+        // round trip was a tenth of such a barrier.) A comparison that
+        // races with a writer finds a change, and the locked path below
+        // compares again.
+        if m.idle_releases > 0
+            && !self.cfg.fast_read_active()
+            && (m.idle_releases + 1 < idle_limit(m) || m.state != BlockState::Writable)
+            && self.unchanged_since_release(seg, idx)
+        {
+            bump(&self.stats.idle_releases);
+            m.idle_releases += 1;
+            super::release::unpin_if_idle(m);
+            return Ok(true);
+        }
         let site = self.block_site(seg, idx);
         // Cheap early exit: the lock has moved on.
         if !qlock::owned_here(&self.com, &site)? {
