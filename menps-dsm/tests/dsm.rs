@@ -84,6 +84,11 @@ fn idle_blocks_protected_soon_rewritten_ones_kept_all_policies() {
 }
 
 #[test]
+fn silent_rewrites_cost_no_transaction_all_policies() {
+    run_everywhere("silent_rewrites", &[2, 3]);
+}
+
+#[test]
 fn false_sharing_all_policies() {
     run_everywhere("false_sharing", &[2, 3, 4]);
 }

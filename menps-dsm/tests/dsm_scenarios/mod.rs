@@ -56,6 +56,7 @@ pub fn job_entry() {
         "handed_parts" => handed_parts(&dsm),
         "rewritten_runs" => rewritten_runs(&dsm),
         "idle_limit" => idle_limit(&dsm),
+        "silent_rewrites" => silent_rewrites(&dsm),
         "prefetch_invalidated" => prefetch_invalidated(&dsm),
         "hot_refresh" => hot_refresh(&dsm),
         "barrier_after_touch" => barrier_after_touch(&dsm),
@@ -872,6 +873,75 @@ fn rewritten_runs(dsm: &D) {
 /// a round or two it stays writable, and later rewrites take no write
 /// fault (with the start limit alone, each would be protected and fault
 /// again). The values are checked everywhere at the end.
+/// Process 1 rewrites blocks that process 0 wrote last with the values they
+/// hold (silent stores: a sweep writing zeros over zeros), round after
+/// round, while process 0 changes one word of one of them per round. Every
+/// process checks every word after each round. A release of a block that
+/// is unchanged since the version this process took needs no transaction,
+/// whoever wrote it last: process 1's transactions are its read misses on
+/// the changed blocks, about one per round (before, every release of every
+/// rewritten block was a transaction that merged nothing, and protected
+/// the block, so the next round's stores faulted again).
+fn silent_rewrites(dsm: &D) {
+    const BLOCKS: usize = 8;
+    const ROUNDS: usize = 24;
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let words = BLOCKS * 4096 / 8;
+    let p = dsm.alloc_segment(BLOCKS * 4096, 4096).unwrap() as *mut u64;
+    let at = |w: usize| {
+        // SAFETY: inside the segment.
+        unsafe { p.add(w) }
+    };
+    let mut want: Vec<u64> = (0..words).map(|w| word(3, w)).collect();
+    if me == 0 {
+        for (w, v) in want.iter().enumerate() {
+            // SAFETY: only process 0 writes, before the barrier.
+            unsafe { at(w).write(*v) };
+        }
+    }
+    dsm.barrier().unwrap();
+    let before = dsm.stats();
+    for round in 0..ROUNDS {
+        // Process 0 changes one word of one block.
+        let changed = (round % BLOCKS) * 512 + round;
+        want[changed] = word(100 + round as u64, changed);
+        if me == 0 {
+            // SAFETY: only process 0 writes this round, before the barrier.
+            unsafe { at(changed).write(want[changed]) };
+        }
+        dsm.barrier().unwrap();
+        // Process 1 stores every word's value back.
+        if me == 1 {
+            for w in 0..words {
+                // SAFETY: only process 1 touches the segment in this phase.
+                unsafe { at(w).write_volatile(at(w).read_volatile()) };
+            }
+        }
+        dsm.barrier().unwrap();
+        for (w, v) in want.iter().enumerate() {
+            // SAFETY: written before the barrier, not before the next.
+            let got = unsafe { at(w).read() };
+            assert_eq!(got, *v, "process {me}, round {round}: word {w}");
+        }
+        dsm.barrier().unwrap();
+    }
+    let after = dsm.stats();
+    let cfg = dsm.config();
+    if me == 1 && cfg.fast_release_active() && !cfg.fast_read_active() && n >= 2 {
+        // Transactions other than fetches (read misses, and the blocks
+        // prefetched with them: leases make process 1 fetch blocks again).
+        let tx = after.transactions - before.transactions;
+        let fetches =
+            (after.read_faults - before.read_faults) + (after.prefetched - before.prefetched);
+        let others = tx.saturating_sub(fetches);
+        assert!(
+            others <= ROUNDS,
+            "process 1: {others} transactions besides {fetches} fetches in {ROUNDS} rounds of \
+             rewriting {BLOCKS} blocks with their own values (at most {ROUNDS} expected); {after}"
+        );
+    }
+}
+
 fn idle_limit(dsm: &D) {
     let (me, n) = (dsm.rank(), dsm.nprocs());
     let words = 4096 / 8;

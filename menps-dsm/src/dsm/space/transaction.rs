@@ -701,7 +701,29 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         m: &mut BlockMeta,
         defer: Option<&mut bool>,
     ) -> DsmResult<bool> {
-        if !(self.cfg.fast_release_active() && m.state.writable() && m.written_last) {
+        if !self.cfg.fast_release_active() {
+            return Ok(false);
+        }
+        // A writable block whose latest version is another process's, and
+        // which we have not changed since we took it (the program's stores
+        // rewrote the values it held: a sweep writing zeros over zeros, far
+        // from where a solution has spread): nothing to announce, so no
+        // transaction — an idle release. (It was a transaction at every
+        // release, which merged nothing and protected the block, and the
+        // next sweep's store faulted again.) Our copy is the version we took
+        // — what the twin holds — and stays valid until a write notice
+        // drops it. Not under fast read: its readers copy the copy of the
+        // process a write notice named, without the lock, and the merge's
+        // notice re-announcing the latest version is what points them away
+        // from ours (the scenario `handed_parts` read a rewrite's zeros).
+        if m.state == BlockState::Writable
+            && !m.written_last
+            && !self.cfg.fast_read_active()
+            && self.unchanged_since_release(seg, idx)
+        {
+            return self.idle_release(seg, idx, m, defer);
+        }
+        if !(m.state.writable() && m.written_last) {
             return Ok(false);
         }
         // A block that was idle at the last release and stays listed when
@@ -769,25 +791,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // written and restored: no other process can hold a state from in
         // between, since they read the twin, not the copy. Not under fast
         // read, whose readers copy the copy without the lock.
-        if !self.cfg.fast_read_active() && data[skip..] == twin[skip..] {
-            if m.idle_releases + 1 < idle_limit(m) || m.state != BlockState::Writable {
-                bump(&self.stats.idle_releases);
-                m.idle_releases += 1;
-                super::release::unpin_if_idle(m);
-                return Ok(true);
-            }
-            // Nothing to announce and the latest version is ours: protecting
-            // needs no transaction. Pinned blocks are never protected.
-            if let Some(d) = defer {
-                *d = true;
-                return Ok(true);
-            }
-            layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
-            if self.idle_protected(seg, idx, m) {
-                return Ok(true);
-            }
-            // Written meanwhile: writable again, and released as written.
-            layout::protect(seg.app(idx), bs, BlockState::Writable.prot())?;
+        if !self.cfg.fast_read_active()
+            && data[skip..] == twin[skip..]
+            && self.idle_release(seg, idx, m, defer)?
+        {
+            return Ok(true);
         }
         // Enough fast releases in a row: a transaction (the caller's).
         if m.fast_rel_count >= m.fast_rel_threshold.max(1) {
@@ -817,6 +825,43 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             .lock()
             .push(WriteNotice::new(seg.app(idx), self.rank, wr, rd));
         Ok(true)
+    }
+
+    /// The release of block `idx` (dirty, its entry lock held), found
+    /// unchanged since the version it was last released or taken as: counted
+    /// as idle; a writable block at its idle limit is protected, or left to
+    /// the caller to protect with its neighbours under `defer` (see
+    /// [`Space::fast_release`]), and leaves the write set. Nothing is
+    /// announced and the block's global lock is not needed: whichever
+    /// process holds the latest version, protecting our copy of the version
+    /// we hold changes nothing any other process reads. Pinned blocks are
+    /// never protected. Returns `false` if the block was written meanwhile
+    /// (it is writable again and must be released as written).
+    fn idle_release(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &mut BlockMeta,
+        defer: Option<&mut bool>,
+    ) -> DsmResult<bool> {
+        if m.idle_releases + 1 < idle_limit(m) || m.state != BlockState::Writable {
+            bump(&self.stats.idle_releases);
+            m.idle_releases += 1;
+            super::release::unpin_if_idle(m);
+            return Ok(true);
+        }
+        if let Some(d) = defer {
+            *d = true;
+            return Ok(true);
+        }
+        let bs = seg.block_size;
+        layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
+        if self.idle_protected(seg, idx, m) {
+            return Ok(true);
+        }
+        // Written meanwhile: writable again, and released as written.
+        layout::protect(seg.app(idx), bs, BlockState::Writable.prot())?;
+        Ok(false)
     }
 }
 
