@@ -44,7 +44,10 @@
 //!   written in one phase, released at every barrier of the others) is
 //!   *idle*: it announces nothing, and readers keep their copies; a block
 //!   idle at several releases in a row is protected and leaves the write
-//!   set. A release goes through its blocks in address order, so that
+//!   set. So is the release of a writable block another process wrote
+//!   last, unchanged since we took it (the program stored the values it
+//!   held): no transaction, since there is nothing to merge (not under fast
+//!   read). A release goes through its blocks in address order, so that
 //!   neighbouring blocks that go idle together (an array's) are protected
 //!   with one `mprotect`; likewise the copies an acquire drops.
 //! - **Two-way merging**: invalidating a block with local changes keeps them
