@@ -404,8 +404,18 @@ fn dead_stack(dsm: &D) {
             let shallow = per_barrier();
             core::hint::black_box(dirty(11));
             let after_deep = per_barrier();
+            // On x86-64 the barrier knows where the caller's frames end,
+            // so the runtime's frames below (whose saved registers change
+            // at every call) are not published either: about none in an
+            // optimised build (a debug build keeps the loop's counter in
+            // this frame, which is the program's and changes every time).
+            let most = if cfg!(target_arch = "x86_64") && !cfg!(debug_assertions) {
+                0.5
+            } else {
+                4.0
+            };
             assert!(
-                shallow <= 4.0 && after_deep <= 4.0,
+                shallow <= most && after_deep <= most,
                 "thread {}: {after_deep} merges per barrier after a deep call, {shallow} before \
                  (a stack has {} blocks)",
                 t.thread_num(),

@@ -92,6 +92,7 @@ impl<'r> Thread<'r> {
     /// Barrier of the team (`#pragma omp barrier`): returns once every
     /// thread has arrived; every write made before it by any thread of the
     /// team, in any process, is visible after it.
+    #[inline(always)] // so the DSM sees where the caller's frames end
     pub fn barrier(&self) {
         if let Some(t) = self.tt {
             t.barrier().unwrap_or_else(|e| fail("team barrier", e));

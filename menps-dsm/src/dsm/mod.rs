@@ -377,12 +377,19 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// counts as dead, so releases — this thread's, or a barrier's leader's
     /// while this thread waits — neither publish it nor count its changes.
     /// Nothing happens for a stack that is not one of the DSM's call stacks.
+    ///
+    /// Entries nest: while an outer guard marks the program's frames as
+    /// ending higher on the same stack, that mark stays (the runtime calling
+    /// itself through another entry point does not make its own frames
+    /// live); dropping the inner guard puts the outer mark back.
     pub fn program_frames_end(&self, program_sp: usize) -> ProgramFrames<'_, C, U> {
-        self.space
-            .set_stack_floor(program_sp, program_sp.saturating_sub(RED_ZONE));
+        let prev = self
+            .space
+            .raise_stack_floor(program_sp, program_sp.saturating_sub(RED_ZONE));
         ProgramFrames {
             dsm: self,
             sp: program_sp,
+            prev,
         }
     }
 
@@ -394,11 +401,13 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
     /// the runtime's frames saved, which change from call to call (a loop
     /// counter the program keeps in a callee-saved register) and would
     /// otherwise make every barrier of a loop publish a stack block.
+    /// Entries nest as [`program_frames_end`](Self::program_frames_end)'s.
     pub fn program_frames_end_at_call(&self, caller_sp: usize) -> ProgramFrames<'_, C, U> {
-        self.space.set_stack_floor(caller_sp, caller_sp);
+        let prev = self.space.raise_stack_floor(caller_sp, caller_sp);
         ProgramFrames {
             dsm: self,
             sp: caller_sp,
+            prev,
         }
     }
 
@@ -573,11 +582,13 @@ const RED_ZONE: usize = 128;
 pub struct ProgramFrames<'a, C: Communicator + 'static, U: UltItf> {
     dsm: &'a Dsm<C, U>,
     sp: usize,
+    /// The mark of an outer entry (0: none), put back on drop.
+    prev: usize,
 }
 
 impl<C: Communicator + 'static, U: UltItf> Drop for ProgramFrames<'_, C, U> {
     fn drop(&mut self) {
-        self.dsm.space.set_stack_floor(self.sp, 0);
+        self.dsm.space.restore_stack_floor(self.sp, self.prev);
     }
 }
 

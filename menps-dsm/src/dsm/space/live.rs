@@ -71,11 +71,28 @@ impl StackLive {
     }
 
     /// Records that the thread on the stack holding `addr` is inside the
-    /// runtime and its program's frames end at `floor` (0: it left the
-    /// runtime). No-op outside our slots.
-    pub(crate) fn set_floor(&self, addr: usize, floor: usize) {
+    /// runtime and its program's frames end at `floor`, unless an outer
+    /// entry into the runtime marked them ending higher (the runtime calls
+    /// itself through its public entry points: the higher mark stays).
+    /// Returns the mark before (0: none), for [`Self::restore_floor`]; 0
+    /// outside our slots, where nothing is recorded.
+    pub(crate) fn raise_floor(&self, addr: usize, floor: usize) -> usize {
+        match self.slot_of(addr) {
+            Some((i, _, _)) => {
+                // Only the thread running on this stack changes its mark.
+                let prev = self.floors[i].load(Ordering::Acquire);
+                self.floors[i].store(prev.max(floor), Ordering::Release);
+                prev
+            }
+            None => 0,
+        }
+    }
+
+    /// Puts back the mark [`Self::raise_floor`] returned, as the thread
+    /// leaves that entry into the runtime (0: it left the runtime).
+    pub(crate) fn restore_floor(&self, addr: usize, prev: usize) {
         if let Some((i, _, _)) = self.slot_of(addr) {
-            self.floors[i].store(floor, Ordering::Release);
+            self.floors[i].store(prev, Ordering::Release);
         }
     }
 
@@ -191,15 +208,22 @@ mod tests {
         // frames end at 0x5100.
         let sp = slot0 + 0x1000;
         assert!(!l.is_dead(slot0, sp));
-        l.set_floor(slot0 + 0x100, slot0 + 0x5100);
+        assert_eq!(l.raise_floor(slot0 + 0x100, slot0 + 0x5100), 0);
         assert!(l.is_dead(slot0, sp));
         assert!(l.is_dead(slot0 + 0x2000, sp));
         assert!(!l.is_dead(slot0 + 0x4000, sp));
         assert_eq!(l.dead_prefix(slot0 + 0x4000, sp), 0x1100);
         assert_eq!(l.dead_prefix(slot0 + 0x6000, sp), 0);
         assert_eq!(l.dead_prefix(slot0, sp), 0x2000);
+        // The runtime enters itself again deeper down: the program's mark
+        // stays, and comes back when the inner entry is left.
+        let outer = l.raise_floor(slot0 + 0x100, slot0 + 0x3000);
+        assert_eq!(outer, slot0 + 0x5100);
+        assert_eq!(l.dead_prefix(slot0 + 0x4000, sp), 0x1100);
+        l.restore_floor(slot0, outer);
+        assert_eq!(l.dead_prefix(slot0 + 0x4000, sp), 0x1100);
         // Back in the program.
-        l.set_floor(slot0, 0);
+        l.restore_floor(slot0, 0);
         assert_eq!(l.dead_prefix(slot0, sp), 0x1000);
         assert!(!l.is_dead(slot0, sp));
         assert_eq!(l.dead_prefix(0x1000, sp), 0, "outside our slots");
@@ -211,7 +235,7 @@ mod tests {
         let slot0 = 0x10_0000 + 0x1_0000;
         let slot1 = slot0 + 0x2_0000;
         l.set_low(slot1 + 0x100, slot1 + 0x6000);
-        l.set_floor(slot0, slot0 + 0x3000);
+        l.raise_floor(slot0, slot0 + 0x3000);
         let sp = slot0 + 0x1000;
         let mut t = l.dead_test(sp);
         // Back and forth between the slots, the guards and outside.

@@ -1121,11 +1121,20 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     }
 
     /// Records that the thread running on the stack holding `addr` is in
-    /// the runtime and its program's frames end at `floor` (0: back in the
-    /// program).
-    pub(crate) fn set_stack_floor(&self, addr: usize, floor: usize) {
+    /// the runtime and its program's frames end at `floor`, or higher if an
+    /// outer entry into the runtime said so; returns the mark before, for
+    /// [`Space::restore_stack_floor`].
+    pub(crate) fn raise_stack_floor(&self, addr: usize, floor: usize) -> usize {
+        self.stack_live
+            .get()
+            .map_or(0, |l| l.raise_floor(addr, floor))
+    }
+
+    /// Puts back the mark [`Space::raise_stack_floor`] returned (0: back in
+    /// the program).
+    pub(crate) fn restore_stack_floor(&self, addr: usize, prev: usize) {
         if let Some(l) = self.stack_live.get() {
-            l.set_floor(addr, floor);
+            l.restore_floor(addr, prev);
         }
     }
 

@@ -97,7 +97,12 @@ impl<'d, C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'d, C, U, 
     }
 }
 
-impl<C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'_, C, U, T> {
+impl<'d, C: Communicator + 'static, U: UltItf, T: UltItf> TeamBarrier<'d, C, U, T> {
+    /// The DSM this barrier synchronises.
+    pub(crate) fn dsm_handle(&self) -> &'d Dsm<C, U> {
+        self.dsm
+    }
+
     /// Waits until every thread of the team *in this process* has arrived
     /// (no DSM barrier, no memory made visible to other processes). Returns
     /// `true` in exactly one of them.

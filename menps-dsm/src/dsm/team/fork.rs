@@ -49,12 +49,16 @@ pub type TeamFn = unsafe fn(&TeamThread<'_>, *mut u8);
 
 /// What a team barrier offers a team thread, type-erased.
 trait TeamSync: Sync + Send {
-    fn wait(&self) -> DsmResult<bool>;
+    /// The team barrier, called by a program whose stack pointer was
+    /// `caller_sp` before its call, where known: the frames below it are
+    /// the runtime's ([`Dsm::program_frames_end_at_call`]).
+    fn wait(&self, caller_sp: Option<usize>) -> DsmResult<bool>;
     fn wait_local(&self) -> bool;
 }
 
 impl<C: Communicator + 'static, U: UltItf, T: UltItf> TeamSync for TeamBarrier<'_, C, U, T> {
-    fn wait(&self) -> DsmResult<bool> {
+    fn wait(&self, caller_sp: Option<usize>) -> DsmResult<bool> {
+        let _frames = caller_sp.map(|sp| self.dsm_handle().program_frames_end_at_call(sp));
         TeamBarrier::wait(self)
     }
 
@@ -112,8 +116,29 @@ impl TeamThread<'_> {
     /// The team barrier: returns once every thread of the team has called
     /// it; every write made before it by any team thread is visible after
     /// it. `Ok(true)` in one thread per process.
+    ///
+    /// On x86-64 it enters the runtime through a trampoline that passes the
+    /// caller's stack pointer, so the barrier's release publishes the
+    /// caller's frames and none of the runtime's below them (the registers
+    /// those save change from call to call: a loop of barriers would
+    /// otherwise publish a block of the thread's stack at every one).
+    #[inline(always)]
     pub fn barrier(&self) -> DsmResult<bool> {
-        self.barrier.wait()
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut out = core::mem::MaybeUninit::<DsmResult<bool>>::uninit();
+            // SAFETY: the trampoline calls `barrier_from` with these two
+            // pointers unchanged (and the caller's stack pointer), which
+            // writes `out` before it returns.
+            unsafe {
+                barrier_trampoline((self as *const Self).cast(), out.as_mut_ptr().cast());
+                out.assume_init()
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self.barrier.wait(None)
+        }
     }
 
     /// The in-process part of the team barrier: returns once every team
@@ -123,6 +148,42 @@ impl TeamThread<'_> {
     pub fn local_barrier(&self) -> bool {
         self.barrier.wait_local()
     }
+}
+
+/// [`TeamThread::barrier`]'s way into the runtime: a tail jump to
+/// [`barrier_from`] with the caller's stack pointer before its `call` (the
+/// address just above the return address) as the third argument.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+unsafe extern "C" fn barrier_trampoline(
+    _thread: *const core::ffi::c_void,
+    _out: *mut core::ffi::c_void,
+) {
+    core::arch::naked_asm!(
+        "lea rdx, [rsp + 8]",
+        "jmp {from}",
+        from = sym barrier_from,
+    )
+}
+
+/// The team barrier of the [`TeamThread`] at `thread`, called by a program
+/// whose stack pointer was `caller_sp`; writes its result to `out`.
+///
+/// # Safety
+///
+/// `thread` points to a live `TeamThread` and `out` to writable room for a
+/// `DsmResult<bool>` (as [`TeamThread::barrier`] passes them).
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" fn barrier_from(
+    thread: *const core::ffi::c_void,
+    out: *mut core::ffi::c_void,
+    caller_sp: usize,
+) {
+    // SAFETY: the caller's contract.
+    let thread = unsafe { &*thread.cast::<TeamThread<'_>>() };
+    let r = thread.barrier.wait(Some(caller_sp));
+    // SAFETY: the caller's contract.
+    unsafe { out.cast::<DsmResult<bool>>().write(r) };
 }
 
 impl core::fmt::Debug for TeamThread<'_> {
