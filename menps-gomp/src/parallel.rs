@@ -35,18 +35,44 @@ pub type OutlinedFn = unsafe extern "C" fn(*mut c_void);
 /// `GOMP_parallel`: runs `f(data)` on every thread of a new team and
 /// returns when all have finished.
 ///
+/// A jump into the implementation with the caller's stack pointer before
+/// its `call` as a fifth argument: across processes, the fork's and the
+/// join's releases publish `main`'s frames and none of the runtime's below
+/// them.
+///
 /// # Safety
 ///
 /// Called by GCC's code with its outlined function and data.
+#[unsafe(naked)]
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn GOMP_parallel(
+    _f: OutlinedFn,
+    _data: *mut c_void,
+    _num_threads: c_uint,
+    _flags: c_uint,
+) {
+    core::arch::naked_asm!(
+        "lea r8, [rsp + 8]",
+        "jmp {inner}",
+        inner = sym parallel_from,
+    )
+}
+
+/// `GOMP_parallel`, called by a program whose stack pointer was
+/// `caller_sp`.
+///
+/// # Safety
+///
+/// As `GOMP_parallel`.
+unsafe extern "C" fn parallel_from(
     f: OutlinedFn,
     data: *mut c_void,
     num_threads: c_uint,
     _flags: c_uint,
+    caller_sp: usize,
 ) {
     // SAFETY: forwarded.
-    unsafe { parallel_region(f, data, num_threads, LoopState::default()) }
+    unsafe { region_from(f, data, num_threads, LoopState::default(), Some(caller_sp)) }
 }
 
 /// The thread that encounters a region (`what` names the construct for
@@ -132,12 +158,36 @@ pub(crate) unsafe fn parallel_region(
     num_threads: c_uint,
     preset: LoopState,
 ) {
+    // SAFETY: forwarded.
+    unsafe { region_from(f, data, num_threads, preset, None) }
+}
+
+/// [`parallel_region`] entered by a program whose stack pointer was
+/// `caller_sp` before its call, where the entry point knows it.
+///
+/// # Safety
+///
+/// As [`parallel_region`].
+unsafe fn region_from(
+    f: OutlinedFn,
+    data: *mut c_void,
+    num_threads: c_uint,
+    preset: LoopState,
+    caller_sp: Option<usize>,
+) {
     let (me, n, forks) = encountered("a parallel region", num_threads);
     let rt = rt();
     if !forks {
         // SAFETY: forwarded.
         return unsafe { serial_region(me, f, data, preset) };
     }
+    // The fork's and the join's releases need not publish this frame and
+    // the runtime's below it: what other processes read of them travels
+    // with the fork (`region`). Only across processes: in a job of one
+    // process thread 0 runs on this stack, below `main`'s frames.
+    let _frames = caller_sp
+        .filter(|_| rt.dsm.nprocs() > 1)
+        .map(|sp| rt.dsm.program_frames_end_at_call(sp));
     let region = Region::new(me, f, data, preset, 1, 1);
     rt.next_region.fetch_add(1, Ordering::Relaxed);
     crate::start::flush_output();
