@@ -152,10 +152,12 @@ impl TeamThread<'_> {
 
 /// [`TeamThread::barrier`]'s way into the runtime: a tail jump to
 /// [`barrier_from`] with the caller's stack pointer before its `call` (the
-/// address just above the return address) as the third argument.
+/// address just above the return address) as the third argument. It keeps
+/// no frame of its own, so a panic unwinds from `barrier_from` straight to
+/// the caller, as from the plain call it replaces.
 #[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
-unsafe extern "C" fn barrier_trampoline(
+unsafe extern "C-unwind" fn barrier_trampoline(
     _thread: *const core::ffi::c_void,
     _out: *mut core::ffi::c_void,
 ) {
@@ -174,7 +176,7 @@ unsafe extern "C" fn barrier_trampoline(
 /// `thread` points to a live `TeamThread` and `out` to writable room for a
 /// `DsmResult<bool>` (as [`TeamThread::barrier`] passes them).
 #[cfg(target_arch = "x86_64")]
-unsafe extern "C" fn barrier_from(
+unsafe extern "C-unwind" fn barrier_from(
     thread: *const core::ffi::c_void,
     out: *mut core::ffi::c_void,
     caller_sp: usize,
