@@ -12,7 +12,7 @@ use ct_sync::MutexGuard;
 use super::super::error::DsmResult;
 use super::super::layout;
 use super::super::segment::{BlockMeta, BlockState, Segment};
-use super::{PARALLEL_RELEASE_MIN, SHARED_PIN_IDLE, Space, TxKind, bump, parallel_min};
+use super::{PARALLEL_RELEASE_MIN, SHARED_PIN_IDLE, Space, TxKind, parallel_min};
 
 /// Unpins a write-shared pinned block after [`SHARED_PIN_IDLE`] idle
 /// releases in a row: an ordinary writable block again, which the next
@@ -79,9 +79,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             && !m.written_last
             && self.unchanged_since_release(seg, idx)
         {
-            bump(&self.stats.idle_releases);
-            m.idle_releases += 1;
-            unpin_if_idle(m);
+            self.count_idle_release(m);
             return Ok(true);
         }
         if m.state.dirty() && !self.fast_release(seg, idx, m, defer)? {

@@ -737,12 +737,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // compares again.
         if m.idle_releases > 0
             && !self.cfg.fast_read_active()
-            && (m.idle_releases + 1 < idle_limit(m) || m.state != BlockState::Writable)
+            && stays_listed_when_idle(m)
             && self.unchanged_since_release(seg, idx)
         {
-            bump(&self.stats.idle_releases);
-            m.idle_releases += 1;
-            super::release::unpin_if_idle(m);
+            self.count_idle_release(m);
             return Ok(true);
         }
         let site = self.block_site(seg, idx);
@@ -827,6 +825,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         Ok(true)
     }
 
+    /// Counts an idle release of a block that stays in the write set (see
+    /// [`stays_listed_when_idle`]); a write-shared pin idle long enough is
+    /// unpinned.
+    pub(super) fn count_idle_release(&self, m: &mut BlockMeta) {
+        bump(&self.stats.idle_releases);
+        m.idle_releases += 1;
+        super::release::unpin_if_idle(m);
+    }
+
     /// The release of block `idx` (dirty, its entry lock held), found
     /// unchanged since the version it was last released or taken as: counted
     /// as idle; a writable block at its idle limit is protected, or left to
@@ -844,10 +851,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         m: &mut BlockMeta,
         defer: Option<&mut bool>,
     ) -> DsmResult<bool> {
-        if m.idle_releases + 1 < idle_limit(m) || m.state != BlockState::Writable {
-            bump(&self.stats.idle_releases);
-            m.idle_releases += 1;
-            super::release::unpin_if_idle(m);
+        if stays_listed_when_idle(m) {
+            self.count_idle_release(m);
             return Ok(true);
         }
         if let Some(d) = defer {
@@ -888,6 +893,13 @@ const REWRITE_GAP_SHORT: u32 = 4;
 
 /// Idle releases in a row after which block `m` is protected (see
 /// [`Space::note_rewrite`] for how the limit adapts).
+/// Whether an idle release leaves block `m` writable and listed: pinned
+/// blocks always, writable ones below their idle limit (at the limit they
+/// are protected).
+fn stays_listed_when_idle(m: &BlockMeta) -> bool {
+    m.idle_releases + 1 < idle_limit(m) || m.state != BlockState::Writable
+}
+
 fn idle_limit(m: &BlockMeta) -> u32 {
     if m.idle_limit == 0 {
         IDLE_LIMIT_START
