@@ -333,6 +333,63 @@ pub unsafe fn write_changed(dst: *mut u64, new: &[u64]) {
     }
 }
 
+/// Copies a clean block's copy at `data` into its twin at `twin` (`words`
+/// words) while another process may be applying a DSM atomic to both: an
+/// atomic run at this process's copy (we are the block's last writer, or
+/// its fixed home) writes the copy and then the twin, under the block's
+/// global lock, which a write fault making the twin does not hold. A plain
+/// copy that read a word before such an atomic and stored it after the
+/// atomic's twin write left the twin with the old value: our next release
+/// took the atomic's result for our own write (a write-write race with the
+/// process that ran it, or its result published twice).
+///
+/// So the copy is followed by a pass that settles every word: it reads the
+/// twin word, then the copy's, and moves the twin to the copy's value with a
+/// compare-exchange until it reads them equal. An atomic in flight (copy
+/// written, twin not yet) writes the same value into the twin itself; one
+/// that starts later keeps the two equal; a twin word the atomic wrote after
+/// our read makes our compare-exchange fail and the word is read again.
+///
+/// # Safety
+///
+/// `data` and `twin` must be 8-byte aligned and valid for reads (and `twin`
+/// for writes) of `words` words, and no thread of this process may write
+/// either meanwhile (other processes may, with 8-byte atomic stores to the
+/// same word of both, copy first).
+pub unsafe fn copy_to_twin(data: *mut u64, twin: *mut u64, words: usize) {
+    // SAFETY: the caller's contract; the words are 8-byte aligned, so each
+    // of the other process's stores is seen whole.
+    unsafe { core::ptr::copy_nonoverlapping(data, twin, words) };
+    settle_twin(data, twin, words);
+}
+
+/// The settling pass of [`copy_to_twin`].
+fn settle_twin(data: *mut u64, twin: *mut u64, words: usize) {
+    for i in 0..words {
+        // SAFETY: word `i` of both blocks (`copy_to_twin`'s contract); the
+        // other process accesses them with aligned 8-byte stores, so atomic
+        // accesses here are sound.
+        let (d, t) = unsafe {
+            (
+                AtomicU64::from_ptr(data.add(i)),
+                AtomicU64::from_ptr(twin.add(i)),
+            )
+        };
+        loop {
+            // The twin first: equal values read in this order mean no
+            // atomic finished between the two reads with the twin left
+            // behind.
+            let tv = t.load(Ordering::Acquire);
+            let dv = d.load(Ordering::Acquire);
+            if tv == dv {
+                break;
+            }
+            // Success or failure, read again: the copy may have moved on.
+            let _ = t.compare_exchange(tv, dv, Ordering::AcqRel, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Views `len` bytes at `p` as words.
 ///
 /// # Safety
@@ -372,6 +429,56 @@ mod keep_ours_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A twin copied while another thread applies atomics to the copy and
+    /// the twin (copy first), as a process running an atomic at our copy
+    /// does, ends equal to the copy. The copy taken before the atomics and
+    /// stored after them (a preempted `memcpy`) is what the settling pass
+    /// repairs: without it the twin keeps the stale words.
+    #[test]
+    fn twin_copied_during_remote_atomics_settles() {
+        use std::sync::atomic::AtomicBool;
+        const WORDS: usize = 512;
+        for round in 0..200u64 {
+            let data: Vec<AtomicU64> = (0..WORDS as u64).map(AtomicU64::new).collect();
+            let twin: Vec<AtomicU64> = (0..WORDS as u64).map(AtomicU64::new).collect();
+            // The stale copy a preempted copy would store.
+            let stale: Vec<u64> = data.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+            let go = AtomicBool::new(false);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    // The other process: atomics one after another (the
+                    // global lock serialises them), copy first, then twin.
+                    // The first half's words are not touched again: only
+                    // the settling pass can repair their stale twin words.
+                    for k in 0..4000u64 {
+                        let w = ((k * 7 + round) % 16 + if k > 2000 { 16 } else { 0 }) as usize;
+                        let v = data[w].fetch_add(1, Ordering::AcqRel) + 1;
+                        twin[w].store(v, Ordering::Release);
+                        if k == 2000 {
+                            go.store(true, Ordering::Release);
+                        }
+                    }
+                });
+                while !go.load(Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                // The preempted copy's stores land now, then the pass runs
+                // while the atomics go on.
+                for (t, &v) in twin.iter().zip(&stale) {
+                    t.store(v, Ordering::Relaxed);
+                }
+                settle_twin(data.as_ptr() as *mut u64, twin.as_ptr() as *mut u64, WORDS);
+            });
+            for (i, (d, t)) in data.iter().zip(&twin).enumerate() {
+                assert_eq!(
+                    d.load(Ordering::Relaxed),
+                    t.load(Ordering::Relaxed),
+                    "round {round}: word {i} of the twin left behind"
+                );
+            }
+        }
+    }
 
     fn block(n: usize, f: impl Fn(usize) -> u8) -> Vec<u64> {
         let bytes: Vec<u8> = (0..n).map(f).collect();

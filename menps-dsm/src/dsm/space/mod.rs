@@ -887,9 +887,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         for (k, m) in run.iter_mut().enumerate() {
             let j = idx + 1 + k;
             // SAFETY: as in `write_upgrade`: the application view of block
-            // `j` is read-only until the `protect` below, so nobody writes
-            // its system view meanwhile, and we hold its entry lock.
-            unsafe { core::ptr::copy_nonoverlapping(seg.sys(j), seg.twin_of(j), bs) };
+            // `j` is read-only until the `protect` below, so no thread of
+            // ours writes its system view meanwhile, and we hold its entry
+            // lock.
+            unsafe { diff::copy_to_twin(seg.sys(j).cast(), seg.twin_of(j).cast(), bs / 8) };
             m.state = BlockState::Writable;
             m.idle_releases = 0;
             self.note_rewrite(m);
@@ -955,13 +956,19 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if m.state == BlockState::ReadonlyClean {
             // The twin becomes the base version of our writes.
             // SAFETY: both are this process's copies of the block; the
-            // application view is read-only, so nobody writes the system view
-            // meanwhile, and the twin is only written under the block's locks.
-            // Other processes read it (under the global lock) while we are
-            // the last writer — and then a clean copy equals its twin, so
-            // they read the same bytes whenever they read.
+            // application view is read-only, so no thread of ours writes the
+            // system view meanwhile, and our twin writes happen under the
+            // block's entry lock. Other processes read the twin (under the
+            // global lock) while we are the last writer — and then a clean
+            // copy equals its twin, so they read the same bytes whenever
+            // they read — and an atomic run at our copy writes both, copy
+            // first (the case `copy_to_twin` settles).
             unsafe {
-                core::ptr::copy_nonoverlapping(seg.sys(idx), seg.twin_of(idx), seg.block_size)
+                diff::copy_to_twin(
+                    seg.sys(idx).cast(),
+                    seg.twin_of(idx).cast(),
+                    seg.block_size / 8,
+                )
             };
         }
         m.state = BlockState::Writable;
