@@ -89,6 +89,11 @@ fn silent_rewrites_cost_no_transaction_all_policies() {
 }
 
 #[test]
+fn blocks_written_in_turn_released_on_the_version_taken_all_policies() {
+    run_everywhere("taken_releases", &[2, 3]);
+}
+
+#[test]
 fn false_sharing_all_policies() {
     run_everywhere("false_sharing", &[2, 3, 4]);
 }

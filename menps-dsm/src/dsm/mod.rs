@@ -47,9 +47,16 @@
 //!   set. So is the release of a writable block another process wrote
 //!   last, unchanged since we took it (the program stored the values it
 //!   held): no transaction, since there is nothing to merge (not under fast
-//!   read). A release goes through its blocks in address order, so that
-//!   neighbouring blocks that go idle together (an array's) are protected
-//!   with one `mprotect`; likewise the copies an acquire drops.
+//!   read); and so is a release of an unchanged block whose lock has moved
+//!   on. A block another process wrote last is also released without a
+//!   transaction if our last transaction took its latest version into the
+//!   twin (a miss, or the refresh of a block the processes write in turn)
+//!   and its lock has stayed here since: that version is still the latest,
+//!   and our changes on top of it are published as the next one (counted
+//!   as `taken_releases`). A release goes through its blocks in address
+//!   order, so that neighbouring blocks that go idle together (an array's)
+//!   are protected with one `mprotect`; likewise the copies an acquire
+//!   drops.
 //! - **Two-way merging**: invalidating a block with local changes keeps them
 //!   (`InvalidDirty`) and merges them at the next release.
 //! - **Sequential prefetch** (`MENPS_DSM_PREFETCH`, on by default): a read

@@ -117,6 +117,16 @@ pub(crate) struct BlockMeta {
     /// latest version and our LAD slot describes it): fast release may
     /// apply while the lock stays here.
     pub written_last: bool,
+    /// Write timestamp of the version our twin holds, where a transaction,
+    /// a fast release or a write fault made the twin exactly that version
+    /// (0: not known). Versions of a block have strictly increasing write
+    /// timestamps, so if the block's LAD names this version while its
+    /// lock is here, our twin is the latest version, and a release may
+    /// publish our changes on top of it without reading another process's
+    /// copy (see `Space::fast_release`). Whatever changes the twin
+    /// otherwise either resets it or makes a newer version (an atomic on
+    /// the block), which the LAD then names instead.
+    pub twin_wr: u64,
     /// Listed in the write set.
     pub in_write_set: bool,
     /// Listed in the read set.

@@ -112,6 +112,8 @@ pub struct Stats {
     pub transactions: AtomicUsize,
     /// Releases that skipped the global lock.
     pub fast_releases: AtomicUsize,
+    /// Of those, releases on top of a version another process wrote.
+    pub taken_releases: AtomicUsize,
     /// Releases of writable blocks unchanged since the previous release.
     pub idle_releases: AtomicUsize,
     /// Blocks made writable ahead of a write fault.
@@ -156,6 +158,12 @@ pub struct StatsSnapshot {
     pub transactions: usize,
     /// Releases that skipped the global lock.
     pub fast_releases: usize,
+    /// Of the fast releases, those of a block another process wrote last,
+    /// whose version our last transaction took (refreshing a block the
+    /// processes write in turn) and whose lock stayed here since: our
+    /// changes on top of it were published without reading another
+    /// process's copy, where before a transaction merged them.
+    pub taken_releases: usize,
     /// Releases of writable blocks unchanged since the previous release
     /// (nothing announced).
     pub idle_releases: usize,
@@ -204,7 +212,7 @@ impl core::fmt::Display for StatsSnapshot {
         write!(
             f,
             "read_faults={} write_faults={} written_ahead={} transactions={} fast_releases={} \
-             idle_releases={} fast_reads={} \
+             taken_releases={} idle_releases={} fast_reads={} \
              invalidations={} bytes_fetched={} barriers={} flushes={} fault_ms={:.3} \
              release_ms={:.3} acquire_ms={:.3} barrier_ms={:.3} barrier_wait_ms={:.3} \
              prefetched={} refreshed={} shared_pins={}",
@@ -213,6 +221,7 @@ impl core::fmt::Display for StatsSnapshot {
             self.written_ahead,
             self.transactions,
             self.fast_releases,
+            self.taken_releases,
             self.idle_releases,
             self.fast_reads,
             self.invalidations,
@@ -257,6 +266,7 @@ impl Stats {
             write_faults: l(&self.write_faults),
             transactions: l(&self.transactions),
             fast_releases: l(&self.fast_releases),
+            taken_releases: l(&self.taken_releases),
             idle_releases: l(&self.idle_releases),
             written_ahead: l(&self.written_ahead),
             fast_reads: l(&self.fast_reads),
@@ -891,6 +901,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             // ours writes its system view meanwhile, and we hold its entry
             // lock.
             unsafe { diff::copy_to_twin(seg.sys(j).cast(), seg.twin_of(j).cast(), bs / 8) };
+            m.twin_wr = self.clean_copy_version(m);
             m.state = BlockState::Writable;
             m.idle_releases = 0;
             self.note_rewrite(m);
@@ -970,10 +981,25 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     seg.block_size / 8,
                 )
             };
+            m.twin_wr = self.clean_copy_version(m);
         }
         m.state = BlockState::Writable;
         self.add_to_write_set(seg, idx, m);
         self.protect(seg, idx, m.state)
+    }
+
+    /// The version a clean copy about to become the twin holds, for
+    /// `BlockMeta::twin_wr`: the one its last transaction or release left
+    /// (`cur_wr`). An atomic that changed the copy since made a newer
+    /// version, which the LAD names instead, so a stale answer only ever
+    /// fails to match. Under fast read a clean copy may be another
+    /// process's working copy, which is no version at all: not known.
+    fn clean_copy_version(&self, m: &BlockMeta) -> u64 {
+        if self.cfg.fast_read_active() {
+            0
+        } else {
+            m.cur_wr
+        }
     }
 
     fn add_to_write_set(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) {
@@ -1056,6 +1082,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             } else {
                 data.copy_from_slice(&tmp.buf);
             }
+            // Another process's working copy, not a version a LAD names.
+            m.twin_wr = 0;
         }
         m.state = if dirty {
             BlockState::ReadonlyDirty

@@ -623,6 +623,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         m.cur_wr = wr;
         m.cur_rd = rd;
+        // The twin is now the version the LAD names where this transaction
+        // made it so: a floating merge (the merged version, or the other's
+        // if we had nothing to add), a clean copy taken for an atomic, or
+        // our own copy published (or found equal) at the last writer.
+        m.twin_wr = if !fixed && (dirty || (remote && matches!(kind, TxKind::Atomic(..)))) {
+            wr
+        } else {
+            0
+        };
         m.home = if fixed {
             home as u32 + 1
         } else {
@@ -675,7 +684,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// were the last writer of: if our lock word still says the lock is
     /// free here (nobody took the block since), the lock is taken here
     /// without a message, a new interval stored in our own LAD slot, and
-    /// the release is complete. The write notice carries the *new*
+    /// the release is complete. Likewise for a block another process
+    /// wrote last whose latest version our twin holds (see
+    /// `BlockMeta::twin_wr`; the LAD here still names it): our changes on
+    /// top of it become the next version, and we its last writer, with no
+    /// read of the other's copy and no merge (a *taken* release). The write notice carries the *new*
     /// interval, so a reader holding the previous version always drops it
     /// (the original published the previous interval in some paths: a
     /// stale-read hole).
@@ -723,7 +736,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         {
             return self.idle_release(seg, idx, m, defer);
         }
-        if !(m.state.writable() && m.written_last) {
+        // Either we wrote the latest version, or our twin is the version
+        // our last transaction took (refreshing a block the processes
+        // write in turn): if nobody took the block's lock since, that is
+        // still the latest version, and our changes on top of it become
+        // the next one here, as if we had written the last one.
+        let on_latest = m.twin_wr != 0 && m.twin_wr == m.cur_wr;
+        if !(m.state.writable() && (m.written_last || on_latest)) {
             return Ok(false);
         }
         // A block that was idle at the last release and stays listed when
@@ -735,7 +754,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // round trip was a tenth of such a barrier.) A comparison that
         // races with a writer finds a change, and the locked path below
         // compares again.
-        if m.idle_releases > 0
+        if m.written_last
+            && m.idle_releases > 0
             && !self.cfg.fast_read_active()
             && stays_listed_when_idle(m)
             && self.unchanged_since_release(seg, idx)
@@ -744,8 +764,17 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             return Ok(true);
         }
         let site = self.block_site(seg, idx);
-        // Cheap early exit: the lock has moved on.
+        // Cheap early exit: the lock has moved on. A copy unchanged since
+        // its last release still announces nothing, whoever holds the lock
+        // now (a transaction here merged nothing and took the lock away
+        // from the process that is writing the block next: when two
+        // processes write a block in turn, the one that wrote last, idle
+        // now, took it back from the one that had just taken the latest
+        // version).
         if !qlock::owned_here(&self.com, &site)? {
+            if !self.cfg.fast_read_active() && self.unchanged_since_release(seg, idx) {
+                return self.idle_release(seg, idx, m, defer);
+            }
             return Ok(false);
         }
         // Taken here without a message (our word says `OWNED`, unless a
@@ -754,7 +783,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // the twin, which is what others read of a block we are the last
         // writer of (see `transaction_locked`).
         let mut lad = self.lock_block(seg, idx)?;
-        if lad.last_writer != self.rank as u64 + 1 {
+        let ours = lad.last_writer == self.rank as u64 + 1;
+        // Or the version our twin holds is still the latest (the LAD names
+        // it), and our copy is based on it.
+        let taken = lad.last_writer != 0 && m.twin_wr == lad.wr && m.twin_wr == m.cur_wr;
+        if !(ours || taken) {
             // Written elsewhere since: merged by a transaction.
             self.unlock_block(seg, idx, lad)?;
             return Ok(false);
@@ -813,6 +846,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // changed there), and copying the whole block was a tenth of a team
         // barrier's cost.
         twin[skip..].copy_from_slice(&data[skip..]);
+        if lad.last_writer != self.rank as u64 + 1 {
+            // Our changes on top of the latest version (our twin, see
+            // `BlockMeta::twin_wr`): we are its last writer now, and the
+            // others read this version from our twin.
+            lad.last_writer = self.rank as u64 + 1;
+            m.written_last = true;
+            m.home = self.rank as u32 + 1;
+            bump(&self.stats.taken_releases);
+        }
+        m.twin_wr = wr;
         bump(&self.stats.fast_releases);
         m.fast_rel_count += 1;
         m.idle_releases = 0;
