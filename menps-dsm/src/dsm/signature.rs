@@ -10,6 +10,8 @@
 //! A list of length 0 turns the signature into a pure logical timestamp
 //! (the `timestamp` invalidation policy).
 
+use core::sync::atomic::{AtomicU64, Ordering};
+
 /// Largest number of processes (the writer is packed into the low bits of a
 /// block address, which is at least 4 KiB aligned).
 pub const MAX_PROCS: usize = 4096;
@@ -70,13 +72,35 @@ impl WriteNotice {
 /// A release signature: a minimum write timestamp and at most `capacity`
 /// write notices, at most one per block (the newest), sorted by write
 /// timestamp, newest first.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Signature {
     min_wr_ts: u64,
     wns: Vec<WriteNotice>,
     capacity: usize,
     /// Whether `wns` may hold duplicates or be unsorted.
     dirty: bool,
+    /// See [`Signature::stamp`].
+    stamp: u64,
+}
+
+impl PartialEq for Signature {
+    /// The same contents (and capacity), whatever their stamps.
+    fn eq(&self, other: &Self) -> bool {
+        self.min_wr_ts == other.min_wr_ts
+            && self.wns == other.wns
+            && self.capacity == other.capacity
+            && self.dirty == other.dirty
+    }
+}
+
+impl Eq for Signature {}
+
+/// The last stamp handed out (see [`Signature::stamp`]).
+static STAMPS: AtomicU64 = AtomicU64::new(0);
+
+/// A stamp no signature of this process has had.
+fn next_stamp() -> u64 {
+    STAMPS.fetch_add(1, Ordering::Relaxed) + 1
 }
 
 /// Bytes of the serialized header (minimum write timestamp and count).
@@ -98,7 +122,18 @@ impl Signature {
             wns: Vec::new(),
             capacity,
             dirty: false,
+            stamp: next_stamp(),
         }
+    }
+
+    /// A number that changes whenever the contents change: every change
+    /// takes a new one, unique in this process (a clone shares its
+    /// original's until either changes). A signature whose stamp is what it
+    /// was serializes to the same bytes as then, so a flush need not
+    /// serialize an unchanged one again to compare it with what it last
+    /// published.
+    pub fn stamp(&self) -> u64 {
+        self.stamp
     }
 
     /// Serialized size of a signature with `capacity` notices.
@@ -114,7 +149,10 @@ impl Signature {
 
     /// Raises the minimum write timestamp to at least `ts`.
     pub fn raise_min_wr_ts(&mut self, ts: u64) {
-        self.min_wr_ts = self.min_wr_ts.max(ts);
+        if ts > self.min_wr_ts {
+            self.min_wr_ts = ts;
+            self.stamp = next_stamp();
+        }
     }
 
     /// The notices, newest first.
@@ -131,6 +169,12 @@ impl Signature {
 
     /// Adds a notice.
     pub fn push(&mut self, wn: WriteNotice) {
+        self.push_unstamped(wn);
+        self.stamp = next_stamp();
+    }
+
+    /// [`Signature::push`] without a new stamp (the caller takes one).
+    fn push_unstamped(&mut self, wn: WriteNotice) {
         if self.capacity == 0 {
             self.min_wr_ts = self.min_wr_ts.max(wn.wr_ts);
             return;
@@ -147,8 +191,9 @@ impl Signature {
     pub fn merge(&mut self, other: &Signature) {
         self.min_wr_ts = self.min_wr_ts.max(other.min_wr_ts);
         for wn in &other.wns {
-            self.push(*wn);
+            self.push_unstamped(*wn);
         }
+        self.stamp = next_stamp();
     }
 
     /// Sorts, keeps the newest notice per block, and truncates to capacity,
@@ -218,6 +263,7 @@ impl Signature {
         self.wns.clear();
         self.capacity = capacity;
         self.dirty = false;
+        self.stamp = next_stamp();
     }
 
     /// Replaces the signature with the serialized one `b` (with capacity
@@ -244,6 +290,7 @@ impl Signature {
         }));
         self.min_wr_ts = min_wr_ts;
         self.dirty = true;
+        self.stamp = next_stamp();
         true
     }
 
@@ -268,6 +315,7 @@ impl Signature {
             wns,
             capacity,
             dirty: true,
+            stamp: next_stamp(),
         })
     }
 }
@@ -277,6 +325,42 @@ mod tests {
     use super::*;
 
     const B: usize = 0x1000_0000;
+
+    /// Every change takes a new stamp; reading and serializing do not, and
+    /// a stamp seen again means the same bytes.
+    #[test]
+    fn stamp_changes_with_the_contents_only() {
+        let mut s = Signature::new(2);
+        let mut stamps = vec![s.stamp()];
+        let mut changed = |s: &Signature, what: &str| {
+            assert!(!stamps.contains(&s.stamp()), "{what} kept an old stamp");
+            stamps.push(s.stamp());
+        };
+        s.push(WriteNotice::new(B, 1, 5, 15));
+        changed(&s, "push");
+        let (stamp, bytes) = (s.stamp(), s.to_bytes());
+        assert_eq!(s.notices().len(), 1);
+        assert_eq!((s.stamp(), s.to_bytes()), (stamp, bytes.clone()));
+        let mut other = Signature::new(2);
+        other.push(WriteNotice::new(B + 4096, 0, 7, 17));
+        s.merge(&other);
+        changed(&s, "merge");
+        s.raise_min_wr_ts(3);
+        changed(&s, "raise_min_wr_ts");
+        let kept = s.stamp();
+        s.raise_min_wr_ts(1);
+        assert_eq!(s.stamp(), kept, "a lower minimum changes nothing");
+        assert!(s.read_bytes(&bytes, 2));
+        changed(&s, "read_bytes");
+        s.reset(2);
+        changed(&s, "reset");
+        assert_ne!(Signature::new(2).stamp(), Signature::new(2).stamp());
+        assert_eq!(
+            Signature::new(2),
+            Signature::new(2),
+            "equality ignores stamps"
+        );
+    }
 
     #[test]
     fn keeps_newest_per_block() {

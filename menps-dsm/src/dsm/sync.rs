@@ -107,6 +107,12 @@ struct FlushState {
     seq: u64,
     /// The signature last published in our slot.
     published: Vec<u8>,
+    /// The stamp (`Signature::stamp`) of our release signature when a flush
+    /// last compared it with `published` (0: none): while it stays the
+    /// same, so do the bytes, and a wait loop's flushes skip serializing it
+    /// (a signature of a few hundred notices at every flush was a twentieth
+    /// of an LU-style wavefront's time).
+    published_stamp: u64,
     /// Per process: the sequence number of its slot we last acquired.
     seen: Vec<u64>,
 }
@@ -130,6 +136,7 @@ impl<U: UltItf> SyncState<U> {
             flush: Mutex::new_in(FlushState {
                 seq: 0,
                 published: Vec::new(),
+                published_stamp: 0,
                 seen: vec![0; com.size()],
             }),
             sig_win,
@@ -300,10 +307,18 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             return Ok(self.invalidations_drained() != before);
         }
         let mut news = false;
-        let bytes = self.rel_sig.lock().to_bytes();
-        if bytes != fl.published {
-            self.publish_flush_slot(&mut fl, bytes, || {})?;
-            news = true;
+        let mut sig = self.rel_sig.lock();
+        let stamp = sig.stamp();
+        if stamp != fl.published_stamp {
+            let bytes = sig.to_bytes();
+            drop(sig);
+            if bytes != fl.published {
+                self.publish_flush_slot(&mut fl, bytes, || {})?;
+                news = true;
+            }
+            fl.published_stamp = stamp;
+        } else {
+            drop(sig);
         }
         for q in (0..self.nprocs).filter(|&q| q != self.rank) {
             // Every signature `q` completed before we look is acquired now: a
@@ -369,6 +384,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut fl = self.sync().flush.lock();
         self.release_fence()?;
         let bytes = self.rel_sig.lock().to_bytes();
+        fl.published_stamp = 0;
         self.publish_flush_slot(&mut fl, bytes, f)
     }
 
