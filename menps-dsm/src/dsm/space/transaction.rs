@@ -688,10 +688,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// wrote last whose latest version our twin holds (see
     /// `BlockMeta::twin_wr`; the LAD here still names it): our changes on
     /// top of it become the next version, and we its last writer, with no
-    /// read of the other's copy and no merge (a *taken* release). The write notice carries the *new*
-    /// interval, so a reader holding the previous version always drops it
-    /// (the original published the previous interval in some paths: a
-    /// stale-read hole).
+    /// read of the other's copy and no merge (a *taken* release). The
+    /// write notice carries the *new* interval, so a reader holding the
+    /// previous version always drops it (the original published the
+    /// previous interval in some paths: a stale-read hole).
     ///
     /// The twin then becomes a copy of the released version — what the
     /// other processes read of the block from now on (under its lock, so
