@@ -729,10 +729,19 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // process a write notice named, without the lock, and the merge's
         // notice re-announcing the latest version is what points them away
         // from ours (the scenario `handed_parts` read a rewrite's zeros).
+        // Whether a comparison below found the copy changed (a second one
+        // would find it changed too, or rewritten to its released values,
+        // which the transaction the caller then runs handles alike).
+        let seen_changed = core::cell::Cell::new(false);
+        let unchanged = |space: &Self| {
+            let u = space.unchanged_since_release(seg, idx);
+            seen_changed.set(seen_changed.get() || !u);
+            u
+        };
         if m.state == BlockState::Writable
             && !m.written_last
             && !self.cfg.fast_read_active()
-            && self.unchanged_since_release(seg, idx)
+            && unchanged(self)
         {
             return self.idle_release(seg, idx, m, defer);
         }
@@ -758,7 +767,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             && m.idle_releases > 0
             && !self.cfg.fast_read_active()
             && stays_listed_when_idle(m)
-            && self.unchanged_since_release(seg, idx)
+            && unchanged(self)
         {
             self.count_idle_release(m);
             return Ok(true);
@@ -772,7 +781,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // now, took it back from the one that had just taken the latest
         // version).
         if !qlock::owned_here(&self.com, &site)? {
-            if !self.cfg.fast_read_active() && self.unchanged_since_release(seg, idx) {
+            if !self.cfg.fast_read_active() && !seen_changed.get() && unchanged(self) {
                 return self.idle_release(seg, idx, m, defer);
             }
             return Ok(false);
@@ -786,7 +795,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let ours = lad.last_writer == self.rank as u64 + 1;
         // Or the version our twin holds is still the latest (the LAD names
         // it), and our copy is based on it.
-        let taken = lad.last_writer != 0 && m.twin_wr == lad.wr && m.twin_wr == m.cur_wr;
+        let taken = on_latest && lad.last_writer != 0 && m.twin_wr == lad.wr;
         if !(ours || taken) {
             // Written elsewhere since: merged by a transaction.
             self.unlock_block(seg, idx, lad)?;
