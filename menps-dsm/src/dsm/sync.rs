@@ -115,6 +115,9 @@ struct FlushState {
     published_stamp: u64,
     /// Per process: the sequence number of its slot we last acquired.
     seen: Vec<u64>,
+    /// Per process: the signature we last acquired from its slot (only
+    /// what a new one adds to it is applied).
+    last: Vec<Signature>,
 }
 
 impl<U: UltItf> SyncState<U> {
@@ -138,6 +141,7 @@ impl<U: UltItf> SyncState<U> {
                 published: Vec::new(),
                 published_stamp: 0,
                 seen: vec![0; com.size()],
+                last: (0..com.size()).map(|_| Signature::new(wn_cap)).collect(),
             }),
             sig_win,
             mutex_win,
@@ -341,9 +345,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     // Checked before `sig` is used: a torn read may not parse.
                     if self.com.atomic_load(s.flush_win.at(q, 0))? == seq {
                         let mut sig = sig?;
-                        self.acquire_inner(&mut sig)?;
+                        // Its notices we applied at an earlier flush
+                        // changed nothing since: each copy they made stale
+                        // was dropped (or refreshed) then, and whatever we
+                        // fetched after that is at least their version.
+                        self.acquire_inner(&mut sig.minus(&mut fl.last[q]))?;
                         self.rel_sig.lock().merge(&sig);
                         fl.seen[q] = seq;
+                        fl.last[q] = sig;
                         break;
                     }
                 }
