@@ -345,12 +345,18 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     // Checked before `sig` is used: a torn read may not parse.
                     if self.com.atomic_load(s.flush_win.at(q, 0))? == seq {
                         let mut sig = sig?;
-                        // Its notices we applied at an earlier flush
-                        // changed nothing since: each copy they made stale
-                        // was dropped (or refreshed) then, and whatever we
+                        // Its notices we acquired at an earlier flush need
+                        // nothing more: each copy they made stale was
+                        // dropped (or refreshed) then, and whatever we
                         // fetched after that is at least their version.
-                        self.acquire_inner(&mut sig.minus(&mut fl.last[q]))?;
-                        self.rel_sig.lock().merge(&sig);
+                        // They went into our signature then too, and are
+                        // still there, or covered by its minimum write
+                        // timestamp (truncated), or by a barrier since
+                        // (which every process passed: its acquire covers
+                        // them for all).
+                        let mut new = sig.minus(&mut fl.last[q]);
+                        self.acquire_inner(&mut new)?;
+                        self.rel_sig.lock().merge(&new);
                         fl.seen[q] = seq;
                         fl.last[q] = sig;
                         break;
