@@ -118,7 +118,9 @@ fn newer_first(a: &WriteNotice, b: &WriteNotice) -> core::cmp::Ordering {
 }
 
 impl PartialEq for Signature {
-    /// The same contents (and capacity), whatever their stamps.
+    /// The same minimum, capacity and notices (those kept and those pushed
+    /// since, as they stand: compare normalized signatures to compare
+    /// contents), whatever their stamps.
     fn eq(&self, other: &Self) -> bool {
         self.min_wr_ts == other.min_wr_ts
             && self.wns == other.wns
