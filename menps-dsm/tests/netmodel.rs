@@ -126,10 +126,12 @@ fn scenario_latency(com: &AnyCom<OsThreads>) {
     assert!(took >= 2 * (2 * lat), "two batches took {took:?}");
     let d = com.traffic().unwrap().since(&before);
     assert_eq!((d.reads, d.atomics), (4, 4), "{d}");
+    // Counted, not timed: how long the waits took depends on the host's
+    // load (4 processes on 2 cores overshoot a deadline by milliseconds).
     assert!(
-        d.delay_ns <= 2 * 2 * 2_000_000 + 1_000_000,
-        "two batches of 4 were delayed {} ns: {d}",
-        d.delay_ns
+        d.waits <= 2,
+        "two batches of 4 waited {} times: {d}",
+        d.waits
     );
     com.barrier().unwrap();
     com.destroy_window(w).unwrap();

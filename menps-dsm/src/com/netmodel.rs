@@ -243,6 +243,10 @@ pub struct Traffic {
     pub coll_bytes: u64,
     /// Windows created or destroyed.
     pub window_ops: u64,
+    /// Waits the model imposed: operations (or batches of operations in
+    /// flight together, one wait each) whose modelled cost outlasted the
+    /// backend's own time.
+    pub waits: u64,
     /// Nanoseconds callers waited for the model (all threads together):
     /// the modelled costs less the backend's own time, which overlaps them.
     pub delay_ns: u64,
@@ -281,6 +285,7 @@ impl Traffic {
             allgathers: d(self.allgathers, before.allgathers),
             coll_bytes: d(self.coll_bytes, before.coll_bytes),
             window_ops: d(self.window_ops, before.window_ops),
+            waits: d(self.waits, before.waits),
             delay_ns: d(self.delay_ns, before.delay_ns),
         }
     }
@@ -295,7 +300,7 @@ impl fmt::Display for Traffic {
             "reads={} read_bytes={} writes={} write_bytes={} atomics={} flushes={} \
              local_ops={} msgs_sent={} msg_bytes_sent={} msgs_received={} \
              msg_bytes_received={} barriers={} broadcasts={} allgathers={} coll_bytes={} \
-             window_ops={} delay_ms={:.3} {}",
+             window_ops={} waits={} delay_ms={:.3} {}",
             self.reads,
             self.read_bytes,
             self.writes,
@@ -312,6 +317,7 @@ impl fmt::Display for Traffic {
             self.allgathers,
             self.coll_bytes,
             self.window_ops,
+            self.waits,
             self.delay_ns as f64 / 1e6,
             self.model,
         )
@@ -337,6 +343,7 @@ struct Counters {
     allgathers: AtomicU64,
     coll_bytes: AtomicU64,
     window_ops: AtomicU64,
+    waits: AtomicU64,
     delay_ns: AtomicU64,
 }
 
@@ -366,6 +373,7 @@ impl Counters {
             allgathers: l(&self.allgathers),
             coll_bytes: l(&self.coll_bytes),
             window_ops: l(&self.window_ops),
+            waits: l(&self.waits),
             delay_ns: l(&self.delay_ns),
         }
     }
@@ -515,6 +523,7 @@ impl<C: Comm, U: UltItf> NetCom<C, U> {
             }
             now = self.clock.now();
         }
+        add(&self.counters.waits, 1);
         add(&self.counters.delay_ns, now - start);
     }
 
