@@ -454,12 +454,9 @@ impl Signature {
             return;
         }
         let read = core::mem::take(&mut self.wns);
-        let min = self.min_wr_ts;
-        self.min_wr_ts = 0;
         for wn in &read {
             self.push_unstamped(*wn);
         }
-        self.min_wr_ts = self.min_wr_ts.max(min);
         self.normalize();
         self.scratch = read;
     }
@@ -773,5 +770,29 @@ mod tests {
         let mut empty = Signature::new(8);
         assert_eq!(new.minus(&mut empty).wns, new.notices());
         assert!(new.clone().minus(&mut new).wns.is_empty());
+    }
+
+    /// Bytes not in the serializer's order (or over capacity) are read as
+    /// if their notices were pushed one by one: deduplicated, sorted,
+    /// truncated with the minimum raised.
+    #[test]
+    fn out_of_order_bytes_are_normalized() {
+        let wns = [
+            WriteNotice::new(B, 1, 3, 13),
+            WriteNotice::new(B + 4096, 0, 9, 19),
+            WriteNotice::new(B, 2, 7, 17),
+            WriteNotice::new(B + 8192, 0, 5, 15),
+        ];
+        let mut bytes = vec![0u8; HEADER_BYTES + wns.len() * WriteNotice::BYTES];
+        bytes[0..8].copy_from_slice(&4u64.to_le_bytes());
+        bytes[8..16].copy_from_slice(&(wns.len() as u64).to_le_bytes());
+        for (i, wn) in wns.iter().enumerate() {
+            let at = HEADER_BYTES + i * WriteNotice::BYTES;
+            wn.write_to(&mut bytes[at..at + WriteNotice::BYTES]);
+        }
+        let mut s = Signature::from_bytes(&bytes, 2).unwrap();
+        let got: Vec<_> = s.notices().iter().map(|w| (w.block(), w.wr_ts)).collect();
+        assert_eq!(got, vec![(B + 4096, 9), (B, 7)]);
+        assert_eq!(s.min_wr_ts(), 5, "raised over the dropped notice");
     }
 }
