@@ -212,6 +212,15 @@ pub const MENPS_DSM_PREFETCH: Var = var(
     "menps-dsm",
     "bytes of blocks a read miss continuing a run of misses fetches ahead (0: off)",
 );
+/// Partial reads of blocks larger than a page.
+pub const MENPS_DSM_PARTIAL_READ: Var = var(
+    "MENPS_DSM_PARTIAL_READ",
+    BOOL,
+    "1",
+    "menps-dsm",
+    "a read miss that starts no sequential run fetches only the page it touched of a larger \
+     block; a miss on another page of it fetches the whole block",
+);
 /// Acquires that refresh a hot block's stale copy in place.
 pub const MENPS_DSM_REFRESH: Var = var(
     "MENPS_DSM_REFRESH",
@@ -518,6 +527,7 @@ pub const ALL: &[Var] = &[
     MENPS_DSM_FAST_RELEASE,
     MENPS_DSM_FAST_READ,
     MENPS_DSM_PREFETCH,
+    MENPS_DSM_PARTIAL_READ,
     MENPS_DSM_REFRESH,
     MENPS_DSM_PIN_SHARED,
     MENPS_DSM_RACE_DETECTION,

@@ -140,6 +140,14 @@ fn prefetched_block_invalidated_before_use_is_never_stale_all_policies() {
 }
 
 #[test]
+fn partial_reads_are_never_stale_all_policies() {
+    run_everywhere("partial_reads", &[2, 3]);
+    // Every miss after the first round then re-reads an invalidated copy.
+    run_everywhere_with("partial_reads", &[2, 3], &[("MENPS_DSM_REFRESH", "0")]);
+    run_everywhere_with("partial_reads", &[2], &[("MENPS_DSM_PARTIAL_READ", "0")]);
+}
+
+#[test]
 fn barrier_work_does_not_grow_with_touched_memory_all_policies() {
     run_everywhere("barrier_after_touch", &[2, 4]);
 }

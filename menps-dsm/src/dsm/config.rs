@@ -87,6 +87,12 @@ pub struct DsmConfig {
     /// continues a run of misses in its segment fetches ahead of it (whole
     /// blocks; 0, or less than a segment's block size, turns it off there).
     pub prefetch_bytes: usize,
+    /// Partial reads: a read miss that starts no sequential run, on a
+    /// clean block of more than one page (at most 64 pages), fetches only
+    /// the page it touched; the copy is readable there only, and a miss on
+    /// any other page of it fetches the whole block anew (one version, one
+    /// lease). A 4 KiB read of a 32 KiB block then moves 4 KiB, not 32.
+    pub partial_reads: bool,
     /// Refresh of hot blocks: a block whose copy an acquire dropped and the
     /// program then read again is *hot*; the next this many acquires that
     /// find its copy stale fetch the new version into it in place (all of
@@ -143,6 +149,7 @@ impl Default for DsmConfig {
             fast_release: true,
             fast_read: false,
             prefetch_bytes: 256 * 1024,
+            partial_reads: true,
             refreshes: 8,
             pin_shared: true,
             race_detection: true,
@@ -179,6 +186,7 @@ pub struct DsmConfigBuilder {
     fast_release: Option<bool>,
     fast_read: Option<bool>,
     prefetch_bytes: Option<usize>,
+    partial_reads: Option<bool>,
     refreshes: Option<u8>,
     pin_shared: Option<bool>,
     race_detection: Option<bool>,
@@ -228,6 +236,9 @@ impl DsmConfigBuilder {
         /// Sequential prefetch window in bytes, 0: off (wins over
         /// `MENPS_DSM_PREFETCH`).
         prefetch_bytes: usize,
+        /// Partial reads of blocks larger than a page (wins over
+        /// `MENPS_DSM_PARTIAL_READ`).
+        partial_reads: bool,
         /// Acquires that refresh a hot block in place, 0: off (wins over
         /// `MENPS_DSM_REFRESH`).
         refreshes: u8,
@@ -325,6 +336,11 @@ impl DsmConfigBuilder {
                 self.prefetch_bytes,
                 || vars::MENPS_DSM_PREFETCH.size(),
                 b.prefetch_bytes,
+            )?,
+            partial_reads: pick(
+                self.partial_reads,
+                || vars::MENPS_DSM_PARTIAL_READ.flag(),
+                b.partial_reads,
             )?,
             refreshes: pick(
                 self.refreshes,

@@ -69,6 +69,14 @@
 //!   other; their locks are tried all at once and the runs read together
 //!   (across hosts, a round trip for each step rather than for each
 //!   block), and the run is then made readable with one `mprotect`.
+//! - **Partial reads** (`MENPS_DSM_PARTIAL_READ`, on by default): a read
+//!   miss that starts no sequential run, on a clean block larger than a
+//!   page (up to 64 pages), fetches only the page it touched, under the
+//!   block's lock as any read miss; the copy is readable on that page only.
+//!   A miss on another page of it fetches the whole block anew (one
+//!   version and one lease for all of it, never pages of two versions), and
+//!   so does a write, a pin or an atomic on it. A 4 KiB read of a 32 KiB
+//!   block moves 4 KiB; a scan pays one extra miss at the start of its run.
 //! - **Refresh of hot blocks** (`MENPS_DSM_REFRESH`, on by default): a block
 //!   that an acquire dropped and the program then read again — one
 //!   process's part of an array the others read after every barrier, the

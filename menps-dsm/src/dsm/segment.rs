@@ -160,7 +160,17 @@ pub(crate) struct BlockMeta {
     /// `Space::start_write`), not by a caller of `Space::pin`: it stays
     /// writable and is merged in place, until idle releases unpin it.
     pub shared_pin: bool,
+    /// Pages of a partly fetched copy (`DsmConfig::partial_reads`) not
+    /// fetched: bit `k` is page `k` of the block. A readable copy is
+    /// readable only on the pages whose bit is clear (the others stay
+    /// `PROT_NONE`); an invalid one keeps the bits, so that its next miss
+    /// takes the block's lock rather than trust the pages we lack. 0 once
+    /// a read or merge made the copy whole (a dirty copy always is).
+    pub missing: u64,
 }
+
+/// Most pages of a block that a partial read tracks ([`BlockMeta::missing`]).
+pub(crate) const PARTIAL_MAX_PAGES: usize = 64;
 
 pub(crate) type BlockEntry<U> = Mutex<BlockMeta, U>;
 
@@ -315,6 +325,17 @@ impl SeqDetector {
             0
         };
         let w = w.min(cap).min(room);
+        self.window.store(w, Ordering::Relaxed);
+        self.next.store(idx + w + 2, Ordering::Relaxed);
+        w
+    }
+
+    /// A miss at block `idx` that completes a partial copy past the page
+    /// it first fetched (see `BlockMeta::missing`): the start of a run,
+    /// which fetches one block ahead (at most `cap` and `room`, as in
+    /// [`SeqDetector::on_miss`]); a miss right after it continues the run.
+    pub fn on_onward_miss(&self, idx: usize, cap: usize, room: usize) -> usize {
+        let w = cap.min(room).min(1);
         self.window.store(w, Ordering::Relaxed);
         self.next.store(idx + w + 2, Ordering::Relaxed);
         w

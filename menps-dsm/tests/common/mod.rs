@@ -1014,14 +1014,16 @@ pub fn drive(mut cmd: Command, tag: &str, mut during: impl FnMut(u32, &str) -> b
 }
 
 /// Variables of the driver's environment its jobs keep: the suites run
-/// with sequential prefetch, the refresh of hot blocks and the pinning of
-/// write-shared blocks on (the default) and off
-/// (`MENPS_DSM_PREFETCH=0 MENPS_DSM_REFRESH=0 MENPS_DSM_PIN_SHARED=0 cargo test ...`),
+/// with sequential prefetch, partial reads, the refresh of hot blocks and
+/// the pinning of write-shared blocks on (the default) and off
+/// (`MENPS_DSM_PREFETCH=0 MENPS_DSM_PARTIAL_READ=0 MENPS_DSM_REFRESH=0
+/// MENPS_DSM_PIN_SHARED=0 cargo test ...`),
 /// and over a modelled network
 /// (`MENPS_NET_LATENCY=20us cargo test ...`, see `com::netmodel`; the
 /// suites' timing expectations are those of one machine, though).
 pub const PASSED_ON: &[&str] = &[
     "MENPS_DSM_PREFETCH",
+    "MENPS_DSM_PARTIAL_READ",
     "MENPS_DSM_REFRESH",
     "MENPS_DSM_PIN_SHARED",
     "MENPS_NET_LATENCY",

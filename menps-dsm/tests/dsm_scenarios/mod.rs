@@ -60,6 +60,7 @@ pub fn job_entry() {
         "taken_releases" => taken_releases(&dsm),
         "prefetch_invalidated" => prefetch_invalidated(&dsm),
         "hot_refresh" => hot_refresh(&dsm),
+        "partial_reads" => partial_reads(&dsm),
         "barrier_after_touch" => barrier_after_touch(&dsm),
         "race" => race(&dsm),
         "races_reported" => races_reported(&dsm),
@@ -750,6 +751,104 @@ fn prefetch_invalidated(dsm: &D) {
     if !prefetching {
         assert_eq!(fetched, 0, "process {me} prefetched with prefetching off");
     }
+}
+
+/// Partial reads (`MENPS_DSM_PARTIAL_READ`) meet invalidation, writes and
+/// atomics, over blocks of 32 KiB (8 pages). Every round one process (in
+/// turn) rewrites pages 0-5 of every block; after a barrier the others
+/// read one word of one page of each block (a miss that fetches only that
+/// page, where partial reads apply), then a word of another page of every
+/// other block (the miss that reads the block whole), write their own word
+/// on page 7 of one block (a write to a partial copy, on a page it lacks)
+/// and add 1 to the counter word on page 6 of another (an atomic on a
+/// partial copy). Every value read must be the round's: a partial copy
+/// that kept a page of an older version, or a miss that trusted a page
+/// it never fetched, shows as stale data. At the end everybody checks the
+/// page-7 words and the counters. Partial reads are counted only when they
+/// are on; with the refresh of hot blocks off, a floating home and no fast
+/// read, every reader makes some (blocks read again after each
+/// invalidation are hot, and refreshed whole, when the refresh is on; a
+/// fast read copies a whole block without the block's lock).
+fn partial_reads(dsm: &D) {
+    const BLOCKS: usize = 16;
+    const PAGES: usize = 8;
+    const PW: usize = 512; // words per page
+    const ROUNDS: usize = 24;
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let seg = dsm
+        .alloc_segment(BLOCKS * PAGES * 4096, PAGES * 4096)
+        .unwrap() as *mut u64;
+    let at = |b: usize, p: usize, w: usize| {
+        // SAFETY: inside the segment.
+        unsafe { seg.add((b * PAGES + p) * PW + w) }
+    };
+    let index = |b: usize, p: usize, w: usize| (b * PAGES + p) * PW + w;
+    let before = dsm.stats();
+    for round in 1..=ROUNDS {
+        let writer = round % n;
+        if me == writer {
+            for b in 0..BLOCKS {
+                for p in 0..6 {
+                    for w in (0..PW).step_by(5) {
+                        // SAFETY: only the writer writes pages 0-5, between
+                        // barriers.
+                        unsafe { at(b, p, w).write(word(round as u64, index(b, p, w))) };
+                    }
+                }
+            }
+        }
+        dsm.barrier().unwrap();
+        if me != writer {
+            let check = |b: usize, p: usize, w: usize| {
+                // SAFETY: written before the barrier.
+                let v = unsafe { at(b, p, w).read() };
+                assert_eq!(
+                    v,
+                    word(round as u64, index(b, p, w)),
+                    "round {round}: block {b} page {p} word {w} is stale"
+                );
+            };
+            for b in 0..BLOCKS {
+                check(b, (round + b) % 6, 10);
+            }
+            for b in (0..BLOCKS).step_by(2) {
+                check(b, (round + b + 3) % 6, 15);
+            }
+            // SAFETY: word `me` of page 7 is this process's alone.
+            unsafe { at(round % BLOCKS, 7, me).write(round as u64) };
+            dsm.fetch_add(at((round + 5) % BLOCKS, 6, 0), 1).unwrap();
+        }
+        dsm.barrier().unwrap();
+    }
+    for b in 0..BLOCKS {
+        for p in 0..n {
+            // The last round in which `p` wrote its word of block `b`.
+            let last = (1..=ROUNDS)
+                .filter(|&r| r % BLOCKS == b && r % n != p)
+                .max()
+                .unwrap_or(0);
+            // SAFETY: written before the last barrier.
+            let v = unsafe { at(b, 7, p).read() };
+            assert_eq!(v, last as u64, "process {p}'s word of block {b}");
+        }
+        let adds = (1..=ROUNDS).filter(|&r| (r + 5) % BLOCKS == b).count() * (n - 1);
+        // SAFETY: written before the last barrier.
+        let v = unsafe { at(b, 6, 0).read() };
+        assert_eq!(v, adds as u64, "block {b}'s counter");
+    }
+    let partial = dsm.stats().partial_reads - before.partial_reads;
+    let cfg = dsm.config();
+    if cfg.partial_reads
+        && cfg.refreshes == 0
+        && !cfg.fast_read
+        && cfg.writer == WriterPolicy::Floating
+    {
+        assert!(partial > 0, "process {me} made no partial read");
+    }
+    if !cfg.partial_reads {
+        assert_eq!(partial, 0, "process {me}: partial reads with them off");
+    }
+    dsm.barrier().unwrap();
 }
 
 /// A barrier's work is proportional to what changed, not to what was

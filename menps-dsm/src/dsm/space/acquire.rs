@@ -55,6 +55,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         bump(&self.stats.invalidations);
         m.state = new;
         m.dropped = true;
+        // (A partial copy keeps its `missing` pages: the next miss takes the
+        // block's lock, see `Space::miss_needs_transaction`.)
         true
     }
 
@@ -114,6 +116,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         if m.refreshes == 0
             || m.state != BlockState::ReadonlyClean
+            || m.missing != 0
             || m.pins > 0
             || m.force_tx
             || self.is_fixed_home(seg, idx)

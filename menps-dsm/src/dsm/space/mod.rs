@@ -22,7 +22,7 @@ use super::error::{DsmError, DsmResult, RaceReport};
 use super::layout::{self, MAX_SEGMENTS};
 use super::memory::map::{self, AddressMap, Region, RegionKind, Request};
 use super::qlock::LockSite;
-use super::segment::{BlockMeta, BlockState, PREFETCH_FIRST_BYTES, Segment};
+use super::segment::{BlockMeta, BlockState, PARTIAL_MAX_PAGES, PREFETCH_FIRST_BYTES, Segment};
 use super::signature::Signature;
 use super::sync::SyncState;
 
@@ -84,6 +84,9 @@ pub(crate) enum Init<'a> {
 enum TxKind {
     /// A read miss whose lease expired (or without fast read).
     Read,
+    /// A read miss that fetches only this page of the block (a partial
+    /// read, see `BlockMeta::missing`): as [`TxKind::Read`] otherwise.
+    ReadPage(usize),
     /// A read of an invalid block ahead of a sequential miss: as
     /// [`TxKind::Read`], but the caller sets the protection.
     Prefetch,
@@ -143,6 +146,8 @@ pub struct Stats {
     pub prefetched: AtomicUsize,
     /// Stale copies refreshed in place by acquires.
     pub refreshed: AtomicUsize,
+    /// Read misses that fetched only the page they touched.
+    pub partial_reads: AtomicUsize,
     /// Blocks pinned because processes write them in turn.
     pub shared_pins: AtomicUsize,
 }
@@ -198,6 +203,9 @@ pub struct StatsSnapshot {
     /// dropped (`MENPS_DSM_REFRESH`): read misses saved when the program
     /// reads them again.
     pub refreshed: usize,
+    /// Read misses that fetched only the page they touched of a larger
+    /// block (`MENPS_DSM_PARTIAL_READ`).
+    pub partial_reads: usize,
     /// Blocks pinned because several processes write them in turn
     /// (`MENPS_DSM_PIN_SHARED`): each pinning saves a write fault and the
     /// protection changes around it per write phase, until the block goes
@@ -215,7 +223,7 @@ impl core::fmt::Display for StatsSnapshot {
              taken_releases={} idle_releases={} fast_reads={} \
              invalidations={} bytes_fetched={} barriers={} flushes={} fault_ms={:.3} \
              release_ms={:.3} acquire_ms={:.3} barrier_ms={:.3} barrier_wait_ms={:.3} \
-             prefetched={} refreshed={} shared_pins={}",
+             prefetched={} partial_reads={} refreshed={} shared_pins={}",
             self.read_faults,
             self.write_faults,
             self.written_ahead,
@@ -234,6 +242,7 @@ impl core::fmt::Display for StatsSnapshot {
             ms(self.barrier_ns),
             ms(self.barrier_wait_ns),
             self.prefetched,
+            self.partial_reads,
             self.refreshed,
             self.shared_pins,
         )
@@ -281,6 +290,7 @@ impl Stats {
             barrier_wait_ns: t(&self.barrier_wait_ns),
             prefetched: l(&self.prefetched),
             refreshed: l(&self.refreshed),
+            partial_reads: l(&self.partial_reads),
             shared_pins: l(&self.shared_pins),
         }
     }
@@ -701,25 +711,48 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             self.start_write(seg, idx)
         } else {
             bump(&self.stats.read_faults);
-            self.start_read(seg, idx)
+            self.start_read(seg, idx, addr)
         }
     }
 
-    /// Makes block `idx` readable.
-    pub fn start_read(&self, seg: &Segment<U>, idx: usize) -> DsmResult<()> {
+    /// Makes block `idx` readable at `addr` (an address inside it): the
+    /// whole block, or only the page of `addr` (a partial read, see
+    /// [`Space::partial_page`]).
+    pub fn start_read(&self, seg: &Segment<U>, idx: usize, addr: usize) -> DsmResult<()> {
         let mut m = seg.entry(idx).lock();
+        let page = (addr - seg.app(idx)) / crate::sys::page_size();
+        let mut hot = false;
+        // Whether this miss completes a partial copy past its page.
+        let mut onward = false;
         if m.state.readable() {
-            return Ok(());
-        }
-        if m.dropped {
+            // (Only blocks of at most 64 pages are ever partial.)
+            if m.missing == 0 || m.missing & (1 << page) == 0 {
+                return Ok(());
+            }
+            // A page a partial read did not fetch: the whole block is read
+            // anew (the pages we hold may be of an older version by now).
+            onward = page > m.missing.trailing_ones() as usize;
+            m.state = BlockState::InvalidClean;
+            m.missing = 0;
+            m.force_tx = true;
+        } else if m.dropped {
             // Read again after an acquire dropped it: hot.
             m.dropped = false;
             m.refreshes = self.cfg.refreshes;
+            hot = m.refreshes > 0;
         }
         let cap = self.prefetch_cap(seg);
         let ahead = if cap > 0 {
             let first = PREFETCH_FIRST_BYTES / seg.block_size;
-            seg.seq.on_miss(idx, first, cap, seg.nblocks - idx - 1)
+            let room = seg.nblocks - idx - 1;
+            if onward {
+                // A read moving on through the block: the next block comes
+                // with it (the run's first step; a miss after it continues
+                // the run).
+                seg.seq.on_onward_miss(idx, cap, room)
+            } else {
+                seg.seq.on_miss(idx, first, cap, room)
+            }
         } else {
             0
         };
@@ -730,11 +763,19 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // as many round trips and less bookkeeping.)
         if ahead > 0
             && m.state == BlockState::InvalidClean
+            && m.missing == 0
             && self.cfg.writer == WriterPolicy::Floating
             && self.miss_needs_transaction(seg, idx, &m)
         {
             let r = self.prefetch(seg, idx, ahead, Some(m));
             return self.guard(r);
+        }
+        if ahead == 0
+            && !hot
+            && let Some(p) = self.partial_page(seg, idx, &m, page)
+        {
+            let r = self.transaction(seg, idx, &mut m, TxKind::ReadPage(p));
+            return self.guard(r.map(drop));
         }
         let r = self.read_upgrade(seg, idx, &mut m, false);
         drop(m);
@@ -744,6 +785,33 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             self.guard(r)?;
         }
         Ok(())
+    }
+
+    /// The page of block `idx` (clean and invalid, its entry lock held) to
+    /// which a read miss at its page `page` limits its fetch, if partial
+    /// reads apply (`DsmConfig::partial_reads`): a block of two to
+    /// [`PARTIAL_MAX_PAGES`] pages, outside the call stacks (pinned while
+    /// used), whose miss takes the block's lock anyway (a transaction; the
+    /// other misses re-read a copy we hold or a version a notice named) and
+    /// was not told to re-read the whole block (`force_tx`: the miss that
+    /// completes a partial copy, memory that changed hands). A hot block
+    /// (see [`DsmConfig::refreshes`](crate::dsm::DsmConfig)) is read whole:
+    /// acquires refresh whole copies.
+    fn partial_page(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &BlockMeta,
+        page: usize,
+    ) -> Option<usize> {
+        let pages = seg.block_size / crate::sys::page_size();
+        let applies = self.cfg.partial_reads
+            && (2..=PARTIAL_MAX_PAGES).contains(&pages)
+            && m.state == BlockState::InvalidClean
+            && !m.force_tx
+            && Some(seg.id) != RegionKind::Stacks.fixed_id()
+            && self.miss_needs_transaction(seg, idx, m);
+        applies.then_some(page)
     }
 
     /// Blocks a sequential miss in `seg` may fetch ahead (0: none).
@@ -787,6 +855,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             let Some(m) = seg.entry(j).try_lock() else {
                 break;
             };
+            // A partial copy is read whole by its own next miss.
+            if m.missing != 0 {
+                break;
+            }
             scanned += 1;
             // Already here (a fixed home's own block, an earlier read).
             if !m.state.readable() {
@@ -885,7 +957,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             let Some(m) = seg.entry(j).try_lock() else {
                 break;
             };
-            if m.state != BlockState::ReadonlyClean || !m.written_last || m.pins > 0 {
+            if m.state != BlockState::ReadonlyClean
+                || !m.written_last
+                || m.pins > 0
+                || m.missing != 0
+            {
                 break;
             }
             run.push(m);
@@ -957,6 +1033,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if m.state.writable() {
             return Ok(());
         }
+        if m.missing != 0 {
+            // A partial copy: the whole block is read first (anew, as a
+            // miss on one of its missing pages would).
+            m.state = BlockState::InvalidClean;
+            m.missing = 0;
+            m.force_tx = true;
+        }
         if !m.state.readable() {
             self.read_upgrade(seg, idx, m, true)?;
             if m.state.writable() {
@@ -1022,12 +1105,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Whether a read miss on block `idx` (invalid) needs a transaction:
     /// unless the master copy is here (a fixed home), or the block's lease
     /// is still valid and our copy — or, under fast read, the version its
-    /// write notice named — is the latest.
+    /// write notice named — is the latest. A copy a partial read left
+    /// incomplete always needs one.
     fn miss_needs_transaction(&self, seg: &Segment<U>, idx: usize, m: &BlockMeta) -> bool {
         if self.is_fixed_home(seg, idx) {
             return false;
         }
-        if m.force_tx {
+        if m.force_tx || m.missing != 0 {
             return true;
         }
         match self.cfg.invalidation {

@@ -441,7 +441,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let off = seg.offset(idx);
         let fixed = self.cfg.writer == WriterPolicy::Fixed;
         let home = self.tx_home(seg, idx, lad);
-        let remote = home != me;
+        // A partial copy (see `BlockMeta::missing`) lacks pages even where
+        // the latest version is ours: it is read whole, like a remote one.
+        let had_missing = m.missing != 0;
+        let remote = home != me || had_missing;
         let thr = self.cfg.wr_count_threshold;
         let pinned = was == BlockState::Pinned;
         // Stop local writers before merging remote changes into our copy (or
@@ -484,15 +487,32 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             // A clean copy is replaced: read the latest version straight
             // into it (nothing of ours to merge) —
             // unless a prefetch read it already, with its neighbours.
+            // A partial read fetches only its page (`at`, `len` bytes).
+            let (at, len) = match kind {
+                TxKind::ReadPage(p) => {
+                    let page = crate::sys::page_size();
+                    m.missing = (u64::MAX >> (64 - bs / page)) & !(1u64 << p);
+                    bump(&self.stats.partial_reads);
+                    (p * page, page)
+                }
+                _ => {
+                    m.missing = 0;
+                    (0, bs)
+                }
+            };
             if !matches!(kind, TxKind::Prefetch) {
                 // SAFETY: `data` is this process's copy of the block, `bs`
-                // bytes, which nobody else writes while we hold its locks.
-                let dst =
-                    unsafe { core::slice::from_raw_parts_mut(data.as_mut_ptr().cast::<u8>(), bs) };
-                self.com.read(self.latest_win(seg).at(home, off), dst)?;
-                self.stats.bytes_fetched.fetch_add(bs, Ordering::Relaxed);
+                // bytes, which nobody else writes while we hold its locks;
+                // `at + len <= bs`.
+                let dst = unsafe {
+                    core::slice::from_raw_parts_mut(data.as_mut_ptr().cast::<u8>().add(at), len)
+                };
+                self.com
+                    .read(self.latest_win(seg).at(home, off + at as u64), dst)?;
+                self.stats.bytes_fetched.fetch_add(len, Ordering::Relaxed);
             }
         } else {
+            m.missing = 0;
             let mut tmp = self.tmp(bs);
             self.com
                 .read(self.latest_win(seg).at(home, off), tmp.bytes_mut())?;
@@ -652,10 +672,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // A prefetch's caller protects its blocks together; a copy protected
         // before the merge is read-only already.
         let protected_already = protect_before && new_state.prot() == libc::PROT_READ;
-        if (new_state != was || !was.readable())
+        if m.missing != 0 {
+            // A partial read: only its page becomes accessible.
+            let page = crate::sys::page_size();
+            let at = page * (m.missing.trailing_ones() as usize);
+            layout::protect(seg.app(idx) + at, page, new_state.prot())?;
+        } else if (new_state != was || !was.readable() || had_missing)
             && !protected_already
             && !matches!(kind, TxKind::Prefetch)
         {
+            // (A copy that was partial is made accessible whole.)
             self.protect(seg, idx, new_state)?;
         }
         self.add_to_read_set(seg, idx, m);
