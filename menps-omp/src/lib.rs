@@ -95,7 +95,8 @@
 //! - Scratch memory of one thread in the private heap ([`private`]).
 //! - Few, long regions: a region's team reads the starting thread's frame
 //!   (the closure and what it borrows), fetched again by the other
-//!   processes after that frame changed; a region costs two DSM barriers
+//!   processes after that frame changed; a region costs a release of the
+//!   starting process that travels with the fork and one DSM barrier
 //!   besides.
 //!
 //! On one process there is no DSM traffic at all: barriers are in-process.

@@ -330,6 +330,16 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
         self.space.barrier()
     }
 
+    /// The release half of a fork: see `Space::fork_release`.
+    pub(crate) fn fork_release(&self) -> DsmResult<Option<[u8; sync::BARRIER_RECORD_BYTES]>> {
+        self.space.fork_release()
+    }
+
+    /// The acquire half of a fork: see `Space::fork_acquire`.
+    pub(crate) fn fork_acquire(&self, record: &[u8]) -> DsmResult<()> {
+        self.space.fork_acquire(record)
+    }
+
     /// The DSM's recorded failure, if it failed (it is fail-stop: every
     /// operation after a failure returns it).
     pub fn check(&self) -> DsmResult<()> {

@@ -49,7 +49,8 @@ const BARRIER_INLINE_NOTICES: usize = 8;
 /// Bytes per process of the barrier's collective: a signature with at most
 /// [`BARRIER_INLINE_NOTICES`] notices (small enough for the backends'
 /// one-step allgathers).
-const BARRIER_RECORD_BYTES: usize = HEADER_BYTES + BARRIER_INLINE_NOTICES * WriteNotice::BYTES;
+pub(crate) const BARRIER_RECORD_BYTES: usize =
+    HEADER_BYTES + BARRIER_INLINE_NOTICES * WriteNotice::BYTES;
 /// Racing words the job remembers as reported (more are reported again).
 const RACE_SLOTS: usize = 1024;
 
@@ -279,6 +280,70 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         self.acquire(&mut ts)?;
         *epoch += 1;
         Ok(())
+    }
+
+    /// The release half of a fork (see `Team`): this process's writes are
+    /// released, and its signature — what the others must acquire to see
+    /// them — returned as a barrier record, to travel with the fork's
+    /// command instead of a barrier's collective. The signature starts
+    /// anew, as after a barrier: every process acquires the record before
+    /// the fork's threads run. `None` if the signature is too long for a
+    /// record, or under the directory policy (whose acquires drain
+    /// invalidation queues that a record does not order): the fork then
+    /// takes a DSM barrier, and the signature is left for it.
+    pub(crate) fn fork_release(&self) -> DsmResult<Option<[u8; BARRIER_RECORD_BYTES]>> {
+        let _rt = self.enter()?;
+        let r = self.fork_release_inner();
+        r.map_err(|e| self.fail(e))
+    }
+
+    fn fork_release_inner(&self) -> DsmResult<Option<[u8; BARRIER_RECORD_BYTES]>> {
+        if self.cfg.invalidation == InvalidationPolicy::Directory {
+            return Ok(None);
+        }
+        let mut st = self.sync().barrier.lock();
+        self.release_fence()?;
+        let cap = self.cfg.effective_wn_list_len();
+        let mut sig = self.rel_sig.lock();
+        if sig.byte_len() > BARRIER_RECORD_BYTES {
+            return Ok(None);
+        }
+        let mut record = [0u8; BARRIER_RECORD_BYTES];
+        sig.serialize_into(&mut record);
+        st.spare.reset(cap);
+        let mine = core::mem::replace(&mut *sig, core::mem::take(&mut st.spare));
+        st.spare = mine;
+        Ok(Some(record))
+    }
+
+    /// The acquire half of a fork: acquires the `record` that the forking
+    /// process's [`Space::fork_release`] made.
+    pub(crate) fn fork_acquire(&self, record: &[u8]) -> DsmResult<()> {
+        let _rt = self.enter()?;
+        let r = self.fork_acquire_inner(record);
+        r.map_err(|e| self.fail(e))
+    }
+
+    fn fork_acquire_inner(&self, record: &[u8]) -> DsmResult<()> {
+        let mut st = self.sync().barrier.lock();
+        let cap = self.cfg.effective_wn_list_len();
+        let (min, n) = Signature::parse_header(record);
+        if record.len() != BARRIER_RECORD_BYTES || n > BARRIER_INLINE_NOTICES {
+            return Err(DsmError::Misuse(
+                "a corrupt fork record from process 0".into(),
+            ));
+        }
+        if n == 0 {
+            let mut ts = Signature::new(0);
+            ts.raise_min_wr_ts(min);
+            return self.acquire(&mut ts);
+        }
+        if !st.peer.read_bytes(record, cap) {
+            return Err(DsmError::Misuse(
+                "a corrupt fork record from process 0".into(),
+            ));
+        }
+        self.acquire(&mut st.peer)
     }
 
     // -----------------------------------------------------------------

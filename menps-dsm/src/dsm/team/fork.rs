@@ -26,6 +26,11 @@ pub type TeamUlt = Ult<TeamConfig>;
 const TEAM_TAG: Tag = DSM_TAG_BIT | 0x7fff_fff0;
 const CMD_FORK: u64 = 1;
 const CMD_EXIT: u64 = 2;
+/// A fork whose command carries process 0's release (a barrier record:
+/// see [`Team::execute`]) right after its words, before the description.
+const CMD_FORK_RELEASED: u64 = 3;
+/// Bytes of the release a [`CMD_FORK_RELEASED`] command carries.
+const RECORD_BYTES: usize = crate::dsm::sync::BARRIER_RECORD_BYTES;
 /// Words of a command: kind, function, data, threads per process, target
 /// process (`ALL`: every process).
 const CMD_WORDS: usize = 5;
@@ -239,8 +244,10 @@ impl core::fmt::Debug for OpenFork {
 /// use pointers into `main`'s frame: a local array of `main`, a `Vec` built
 /// by `main` with the [`DsmAllocator`](crate::dsm::DsmAllocator).
 ///
-/// A fork costs one DSM barrier before the threads start (it publishes what
-/// `main` wrote) and one after they end (it publishes what they wrote);
+/// A fork publishes what `main` wrote before its threads start — a
+/// release of process 0 that travels with the fork's command and that the
+/// other processes acquire (a DSM barrier if it does not fit) — and costs
+/// one DSM barrier after they end (it publishes what they wrote);
 /// [`TeamThread::barrier`] inside costs one DSM barrier per process.
 ///
 /// A team thread that panics ends its process (status 101) with a message:
@@ -384,19 +391,36 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             let cmd = {
                 // Runtime work: the message is not DSM memory.
                 let _rt = RuntimeGuard::enter();
-                let mut b = [0u8; 8 * CMD_WORDS + FORK_SENT_MAX];
+                let mut b = [0u8; 8 * CMD_WORDS + RECORD_BYTES + FORK_SENT_MAX];
                 let (_, len) = self
                     .dsm
                     .com()
                     .recv_into(Source::Rank(0), TEAM_TAG, &mut b)?;
                 let w = |i: usize| u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8"));
-                let head = 8 * CMD_WORDS;
+                let mut head = 8 * CMD_WORDS;
+                let released = len >= head && w(0) == CMD_FORK_RELEASED;
+                if released {
+                    // Process 0's release, acquired before the fork runs.
+                    if len < head + RECORD_BYTES {
+                        return Err(DsmError::Misuse(format!(
+                            "a corrupt team command from process 0 ({len} bytes, with a release)"
+                        )));
+                    }
+                    self.dsm.fork_acquire(&b[head..head + RECORD_BYTES])?;
+                    head += RECORD_BYTES;
+                }
                 let extra = len.saturating_sub(head);
                 sent.0[..extra].copy_from_slice(&b[head..head + extra]);
-                (len.min(head), extra, [w(0), w(1), w(2), w(3), w(4)])
+                let kind = if released { CMD_FORK } else { w(0) };
+                (
+                    len.min(8 * CMD_WORDS),
+                    extra,
+                    released,
+                    [kind, w(1), w(2), w(3), w(4)],
+                )
             };
             match cmd {
-                (40, extra, [CMD_FORK, f, data, tpp, target]) => {
+                (40, extra, released, [CMD_FORK, f, data, tpp, target]) => {
                     // SAFETY: process 0 sent the address of a `TeamFn` of
                     // this binary (same code addresses, checked by
                     // `run_main`) with the data pointer and thread count its
@@ -409,10 +433,10 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
                     } else {
                         data as usize
                     };
-                    self.execute(f, data, tpp as usize, target)?;
+                    self.execute(f, data, tpp as usize, target, released)?;
                 }
-                (40, 0, [CMD_EXIT, ..]) => return Ok(()),
-                (len, _, w) => {
+                (40, 0, false, [CMD_EXIT, ..]) => return Ok(()),
+                (len, _, _, w) => {
                     return Err(DsmError::Misuse(format!(
                         "a corrupt team command from process 0 ({len} bytes: {w:?})"
                     )));
@@ -422,19 +446,21 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     }
 
     /// Sends a command, and the bytes `sent` after it, to every other
-    /// process.
-    fn command(&self, w: [u64; CMD_WORDS], sent: &[u8]) -> DsmResult<()> {
+    /// process (`sent` holds a release record first, for
+    /// [`CMD_FORK_RELEASED`]).
+    fn command(&self, w: [u64; CMD_WORDS], sent: &[&[u8]]) -> DsmResult<()> {
         let _rt = RuntimeGuard::enter();
-        let head = 8 * CMD_WORDS;
-        let mut bytes = [0u8; 8 * CMD_WORDS + FORK_SENT_MAX];
+        let mut bytes = [0u8; 8 * CMD_WORDS + RECORD_BYTES + FORK_SENT_MAX];
         for (b, v) in bytes.chunks_exact_mut(8).zip(w) {
             b.copy_from_slice(&v.to_le_bytes());
         }
-        bytes[head..head + sent.len()].copy_from_slice(sent);
+        let mut len = 8 * CMD_WORDS;
+        for part in sent {
+            bytes[len..len + part.len()].copy_from_slice(part);
+            len += part.len();
+        }
         for p in 1..self.dsm.nprocs() {
-            self.dsm
-                .com()
-                .send(p, TEAM_TAG, &bytes[..head + sent.len()])?;
+            self.dsm.com().send(p, TEAM_TAG, &bytes[..len])?;
         }
         Ok(())
     }
@@ -473,7 +499,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     /// `num_threads / nprocs` threads, one more if `r < num_threads %
     /// nprocs`, and thread numbers follow the processes' order. A team
     /// smaller than the number of processes runs on process 0 alone (the
-    /// others take part in the fork's DSM barriers only, as in
+    /// others take part in the fork's synchronization only, as in
     /// [`Team::fork_on`]), since every process of a team must take part in
     /// its barriers.
     ///
@@ -539,7 +565,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
     /// [`Team::fork`] onto process `rank` only: `threads` user-level
     /// threads there, and
     /// the team barrier among them is an in-process barrier. The other
-    /// processes take part in the fork's DSM barriers only, so what `main`
+    /// processes take part in the fork's synchronization only, so what `main`
     /// wrote before is visible to the threads, and what they wrote is
     /// visible to `main` after.
     ///
@@ -573,14 +599,16 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         data: *mut u8,
         sent: &[u8],
     ) -> DsmResult<()> {
-        self.announce(target, threads, f, data, sent)?;
-        let r = self.execute(f, data as usize, threads, target);
+        let released = self.announce(target, threads, f, data, sent, true)?;
+        let r = self.execute(f, data as usize, threads, target, released);
         self.forking.store(false, Ordering::Release);
         r
     }
 
     /// Checks that a fork may start here, tells the other processes, and
-    /// marks the fork running.
+    /// marks the fork running. With `release`, the command carries this
+    /// process's release where it fits (see [`Team::execute`]); returns
+    /// whether it did.
     fn announce(
         &self,
         target: u64,
@@ -588,7 +616,8 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         f: TeamFn,
         data: *mut u8,
         sent: &[u8],
-    ) -> DsmResult<()> {
+        release: bool,
+    ) -> DsmResult<bool> {
         let in_main = self.dsm.rank() == 0
             && self.running.load(Ordering::Acquire)
             && !self.forking.load(Ordering::Acquire)
@@ -614,18 +643,18 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
             )));
         }
         self.forks.fetch_add(1, Ordering::Relaxed);
-        self.command(
-            [
-                CMD_FORK,
-                f as usize as u64,
-                data as u64,
-                threads as u64,
-                target,
-            ],
-            sent,
-        )?;
+        let record = if release && self.dsm.nprocs() > 1 {
+            self.dsm.fork_release()?
+        } else {
+            None
+        };
+        let words = |kind| [kind, f as usize as u64, data as u64, threads as u64, target];
+        match &record {
+            Some(r) => self.command(words(CMD_FORK_RELEASED), &[r, sent])?,
+            None => self.command(words(CMD_FORK), &[sent])?,
+        }
         self.forking.store(true, Ordering::Release);
-        Ok(())
+        Ok(record.is_some())
     }
 
     /// Begins a fork in which the caller — `main` — takes part as thread 0
@@ -648,7 +677,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         let dsm = self.dsm;
         let (rank, nprocs) = (dsm.rank(), dsm.nprocs());
         let target = self.team_target(num_threads);
-        self.announce(target, num_threads, f, data, &[])?;
+        self.announce(target, num_threads, f, data, &[], false)?;
         let r = (|| {
             let _rt = RuntimeGuard::enter();
             if nprocs > 1 {
@@ -781,11 +810,28 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         }
     }
 
-    /// Runs one fork in this process: a DSM barrier (process 0's writes so
-    /// far become visible), the team threads (if the fork is for this
-    /// process), a DSM barrier. `threads` is the team's size: all processes
-    /// together for a fork to `ALL`, else the threads of the one process.
-    fn execute(&self, f: TeamFn, data: usize, threads: usize, target: u64) -> DsmResult<()> {
+    /// Runs one fork in this process: process 0's writes so far become
+    /// visible, the team threads run (if the fork is for this process),
+    /// and a DSM barrier ends it. `threads` is the team's size: all
+    /// processes together for a fork to `ALL`, else the threads of the one
+    /// process.
+    ///
+    /// The writes of process 0 (`main`'s, before the fork) are the only
+    /// ones to make visible at the start: the other processes wrote nothing
+    /// since the barrier that ended the last fork. So process 0 releases
+    /// them into a barrier record that travels with the fork's command
+    /// (`released`: the others acquired it when the command came), and the
+    /// fork needs no collective at its start — one DSM barrier per fork
+    /// instead of two. A signature too long for a record (or the directory
+    /// policy) makes it a DSM barrier as before.
+    fn execute(
+        &self,
+        f: TeamFn,
+        data: usize,
+        threads: usize,
+        target: u64,
+        released: bool,
+    ) -> DsmResult<()> {
         // The team's own bookkeeping is not DSM memory; the team threads'
         // code is user code again (`run_team_thread`).
         let _rt = RuntimeGuard::enter();
@@ -793,7 +839,7 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         // One process: its threads share its copy of every block; the
         // scope's join orders their writes before `main`'s later reads.
         let one = dsm.nprocs() == 1;
-        if !one {
+        if !one && !released {
             dsm.barrier()?;
         }
         let (rank, nprocs) = (dsm.rank(), dsm.nprocs());
