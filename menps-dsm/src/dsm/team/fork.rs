@@ -410,6 +410,12 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
                     head += RECORD_BYTES;
                 }
                 let extra = len.saturating_sub(head);
+                if extra > FORK_SENT_MAX {
+                    return Err(DsmError::Misuse(format!(
+                        "a corrupt team command from process 0 ({len} bytes: a description \
+                         of {extra} bytes, at most {FORK_SENT_MAX})"
+                    )));
+                }
                 sent.0[..extra].copy_from_slice(&b[head..head + extra]);
                 let kind = if released { CMD_FORK } else { w(0) };
                 (
