@@ -169,6 +169,16 @@ pub(crate) struct BlockMeta {
     pub missing: u64,
 }
 
+impl BlockMeta {
+    /// Turns a partial copy (see [`BlockMeta::missing`]) into an invalid
+    /// one whose next miss reads the whole block anew, under its lock.
+    pub fn forget_partial(&mut self) {
+        self.state = BlockState::InvalidClean;
+        self.missing = 0;
+        self.force_tx = true;
+    }
+}
+
 /// Most pages of a block that a partial read tracks ([`BlockMeta::missing`]).
 pub(crate) const PARTIAL_MAX_PAGES: usize = 64;
 

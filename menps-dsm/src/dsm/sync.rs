@@ -158,6 +158,20 @@ impl<U: UltItf> SyncState<U> {
     }
 }
 
+/// Reads into `peer` the signature that process `q`'s barrier (or fork)
+/// record `rec` carries inline.
+fn read_record(peer: &mut Signature, rec: &[u8], cap: usize, q: usize) -> DsmResult<()> {
+    let (_, n) = Signature::parse_header(rec);
+    if rec.len() == BARRIER_RECORD_BYTES && n <= BARRIER_INLINE_NOTICES && peer.read_bytes(rec, cap)
+    {
+        Ok(())
+    } else {
+        Err(DsmError::Misuse(format!(
+            "corrupt barrier record from process {q}"
+        )))
+    }
+}
+
 /// Tag of hand-offs of mutex / sync slot `id` (the segment field holds the
 /// reserved last slot number, so they never collide with block tags).
 fn mutex_tag(id: usize) -> Tag {
@@ -262,13 +276,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 min = min.max(rec_min);
                 continue;
             }
-            let inline = n <= BARRIER_INLINE_NOTICES;
-            if inline {
-                if !peer.read_bytes(rec, cap) {
-                    return Err(DsmError::Misuse(format!(
-                        "corrupt barrier record from process {q}"
-                    )));
-                }
+            if n <= BARRIER_INLINE_NOTICES {
+                read_record(peer, rec, cap, q)?;
             } else {
                 *peer = self.read_signature(s.sig_win, q, off)?;
             }
@@ -326,23 +335,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     fn fork_acquire_inner(&self, record: &[u8]) -> DsmResult<()> {
         let mut st = self.sync().barrier.lock();
-        let cap = self.cfg.effective_wn_list_len();
         let (min, n) = Signature::parse_header(record);
-        if record.len() != BARRIER_RECORD_BYTES || n > BARRIER_INLINE_NOTICES {
-            return Err(DsmError::Misuse(
-                "a corrupt fork record from process 0".into(),
-            ));
-        }
         if n == 0 {
+            // Only the minimum write timestamp, as in a barrier.
             let mut ts = Signature::new(0);
             ts.raise_min_wr_ts(min);
             return self.acquire(&mut ts);
         }
-        if !st.peer.read_bytes(record, cap) {
-            return Err(DsmError::Misuse(
-                "a corrupt fork record from process 0".into(),
-            ));
-        }
+        read_record(&mut st.peer, record, self.cfg.effective_wn_list_len(), 0)?;
         self.acquire(&mut st.peer)
     }
 

@@ -717,7 +717,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// Makes block `idx` readable at `addr` (an address inside it): the
     /// whole block, or only the page of `addr` (a partial read, see
-    /// [`Space::partial_page`]).
+    /// [`Space::partial_read_applies`]).
     pub fn start_read(&self, seg: &Segment<U>, idx: usize, addr: usize) -> DsmResult<()> {
         let mut m = seg.entry(idx).lock();
         let page = (addr - seg.app(idx)) / crate::sys::page_size();
@@ -732,9 +732,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             // A page a partial read did not fetch: the whole block is read
             // anew (the pages we hold may be of an older version by now).
             onward = page > m.missing.trailing_ones() as usize;
-            m.state = BlockState::InvalidClean;
-            m.missing = 0;
-            m.force_tx = true;
+            m.forget_partial();
         } else if m.dropped {
             // Read again after an acquire dropped it: hot.
             m.dropped = false;
@@ -770,11 +768,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             let r = self.prefetch(seg, idx, ahead, Some(m));
             return self.guard(r);
         }
-        if ahead == 0
-            && !hot
-            && let Some(p) = self.partial_page(seg, idx, &m, page)
-        {
-            let r = self.transaction(seg, idx, &mut m, TxKind::ReadPage(p));
+        if ahead == 0 && !hot && self.partial_read_applies(seg, idx, &m) {
+            let r = self.transaction(seg, idx, &mut m, TxKind::ReadPage(page));
             return self.guard(r.map(drop));
         }
         let r = self.read_upgrade(seg, idx, &mut m, false);
@@ -787,9 +782,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         Ok(())
     }
 
-    /// The page of block `idx` (clean and invalid, its entry lock held) to
-    /// which a read miss at its page `page` limits its fetch, if partial
-    /// reads apply (`DsmConfig::partial_reads`): a block of two to
+    /// Whether a read miss on block `idx` (its entry lock held) fetches only
+    /// the page it touched (`DsmConfig::partial_reads`): a clean, invalid
+    /// block of two to
     /// [`PARTIAL_MAX_PAGES`] pages, outside the call stacks (pinned while
     /// used), whose miss takes the block's lock anyway (a transaction; the
     /// other misses re-read a copy we hold or a version a notice named) and
@@ -797,21 +792,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// completes a partial copy, memory that changed hands). A hot block
     /// (see [`DsmConfig::refreshes`](crate::dsm::DsmConfig)) is read whole:
     /// acquires refresh whole copies.
-    fn partial_page(
-        &self,
-        seg: &Segment<U>,
-        idx: usize,
-        m: &BlockMeta,
-        page: usize,
-    ) -> Option<usize> {
+    fn partial_read_applies(&self, seg: &Segment<U>, idx: usize, m: &BlockMeta) -> bool {
         let pages = seg.block_size / crate::sys::page_size();
-        let applies = self.cfg.partial_reads
+        self.cfg.partial_reads
             && (2..=PARTIAL_MAX_PAGES).contains(&pages)
             && m.state == BlockState::InvalidClean
             && !m.force_tx
             && Some(seg.id) != RegionKind::Stacks.fixed_id()
-            && self.miss_needs_transaction(seg, idx, m);
-        applies.then_some(page)
+            && self.miss_needs_transaction(seg, idx, m)
     }
 
     /// Blocks a sequential miss in `seg` may fetch ahead (0: none).
@@ -1036,9 +1024,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if m.missing != 0 {
             // A partial copy: the whole block is read first (anew, as a
             // miss on one of its missing pages would).
-            m.state = BlockState::InvalidClean;
-            m.missing = 0;
-            m.force_tx = true;
+            m.forget_partial();
         }
         if !m.state.readable() {
             self.read_upgrade(seg, idx, m, true)?;
