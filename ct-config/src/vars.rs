@@ -221,6 +221,15 @@ pub const MENPS_DSM_PARTIAL_READ: Var = var(
     "a read miss that starts no sequential run fetches only the page it touched of a larger \
      block; a miss on another page of it fetches the whole block",
 );
+/// Dirty tracking of the application view by the kernel.
+pub const MENPS_DSM_DIRTY_SCAN: Var = var(
+    "MENPS_DSM_DIRTY_SCAN",
+    BOOL,
+    "1",
+    "menps-dsm",
+    "releases learn which blocks were written from the kernel's record of writes (Linux 6.7+ \
+     userfaultfd asynchronous write protection) instead of comparing idle blocks with their twins",
+);
 /// Acquires that refresh a hot block's stale copy in place.
 pub const MENPS_DSM_REFRESH: Var = var(
     "MENPS_DSM_REFRESH",
@@ -528,6 +537,7 @@ pub const ALL: &[Var] = &[
     MENPS_DSM_FAST_READ,
     MENPS_DSM_PREFETCH,
     MENPS_DSM_PARTIAL_READ,
+    MENPS_DSM_DIRTY_SCAN,
     MENPS_DSM_REFRESH,
     MENPS_DSM_PIN_SHARED,
     MENPS_DSM_RACE_DETECTION,

@@ -140,6 +140,12 @@ fn prefetched_block_invalidated_before_use_is_never_stale_all_policies() {
 }
 
 #[test]
+fn writes_to_blocks_a_dirty_scan_armed_are_never_lost_all_policies() {
+    run_everywhere("dirty_scan", &[2, 3]);
+    run_everywhere_with("dirty_scan", &[2], &[("MENPS_DSM_DIRTY_SCAN", "0")]);
+}
+
+#[test]
 fn partial_reads_are_never_stale_all_policies() {
     run_everywhere("partial_reads", &[2, 3]);
     // Every miss after the first round then re-reads an invalidated copy.

@@ -93,6 +93,13 @@ pub struct DsmConfig {
     /// any other page of it fetches the whole block anew (one version, one
     /// lease). A 4 KiB read of a 32 KiB block then moves 4 KiB, not 32.
     pub partial_reads: bool,
+    /// Dirty scans: where the kernel keeps a record of writes to the
+    /// application view (Linux 6.7 and later: `userfaultfd` asynchronous
+    /// write protection and the `PAGEMAP_SCAN` ioctl), a release fence asks
+    /// it which listed blocks were written instead of comparing every
+    /// idle block with its twin. Elsewhere (and for call stacks) releases
+    /// compare, as with this off.
+    pub dirty_scan: bool,
     /// Refresh of hot blocks: a block whose copy an acquire dropped and the
     /// program then read again is *hot*; the next this many acquires that
     /// find its copy stale fetch the new version into it in place (all of
@@ -150,6 +157,7 @@ impl Default for DsmConfig {
             fast_read: false,
             prefetch_bytes: 256 * 1024,
             partial_reads: true,
+            dirty_scan: true,
             refreshes: 8,
             pin_shared: true,
             race_detection: true,
@@ -187,6 +195,7 @@ pub struct DsmConfigBuilder {
     fast_read: Option<bool>,
     prefetch_bytes: Option<usize>,
     partial_reads: Option<bool>,
+    dirty_scan: Option<bool>,
     refreshes: Option<u8>,
     pin_shared: Option<bool>,
     race_detection: Option<bool>,
@@ -239,6 +248,9 @@ impl DsmConfigBuilder {
         /// Partial reads of blocks larger than a page (wins over
         /// `MENPS_DSM_PARTIAL_READ`).
         partial_reads: bool,
+        /// Dirty scans instead of idle comparisons where the kernel allows
+        /// (wins over `MENPS_DSM_DIRTY_SCAN`).
+        dirty_scan: bool,
         /// Acquires that refresh a hot block in place, 0: off (wins over
         /// `MENPS_DSM_REFRESH`).
         refreshes: u8,
@@ -341,6 +353,11 @@ impl DsmConfigBuilder {
                 self.partial_reads,
                 || vars::MENPS_DSM_PARTIAL_READ.flag(),
                 b.partial_reads,
+            )?,
+            dirty_scan: pick(
+                self.dirty_scan,
+                || vars::MENPS_DSM_DIRTY_SCAN.flag(),
+                b.dirty_scan,
             )?,
             refreshes: pick(
                 self.refreshes,

@@ -77,6 +77,21 @@
 //!   version and one lease for all of it, never pages of two versions), and
 //!   so does a write, a pin or an atomic on it. A 4 KiB read of a 32 KiB
 //!   block moves 4 KiB; a scan pays one extra miss at the start of its run.
+//! - **Dirty scans** (`MENPS_DSM_DIRTY_SCAN`, on by default where the kernel
+//!   allows): a release fence must tell which listed blocks the program
+//!   changed since it last released them. Instead of comparing each with
+//!   its twin (a read of the whole block, for most blocks of an OpenMP
+//!   program idle at most barriers), it asks the kernel: the application
+//!   views are registered with a `userfaultfd` for asynchronous write
+//!   protection (Linux 6.7 and later), which notes a write to a protected
+//!   page in the page table without a signal, and one `PAGEMAP_SCAN` ioctl
+//!   per run of listed blocks reports the pages written since the last scan
+//!   and protects them again. A block none of whose pages was written, and
+//!   whose copy equalled its twin after its pages were last protected, is
+//!   idle without a comparison. Writes through the DSM's own view are not
+//!   noted, so a block the protocol itself changed is compared once more;
+//!   call stacks are always compared. Without the kernel feature, releases
+//!   compare.
 //! - **Refresh of hot blocks** (`MENPS_DSM_REFRESH`, on by default): a block
 //!   that an acquire dropped and the program then read again — one
 //!   process's part of an array the others read after every barrier, the
@@ -163,6 +178,7 @@
 pub mod allocator;
 pub mod config;
 pub(crate) mod diff;
+mod dirty;
 pub mod error;
 pub(crate) mod fault;
 pub mod globals;

@@ -21,7 +21,7 @@
 
 use core::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-use ct_sync::Mutex;
+use ct_sync::{Mutex, MutexGuard};
 use ct_worker::UltItf;
 
 use crate::com::{Communicator, WindowId};
@@ -167,6 +167,18 @@ pub(crate) struct BlockMeta {
     /// takes the block's lock rather than trust the pages we lack. 0 once
     /// a read or merge made the copy whole (a dirty copy always is).
     pub missing: u64,
+    /// Dirty tracking (see [`super::dirty`]): every page of this copy that
+    /// the tracker has kept write-protected since it last protected it
+    /// (none written since) holds the same bytes as the twin. A release
+    /// sets it where it makes or finds the copy equal to its twin, and
+    /// clears it where a scan reports a page written; every other path
+    /// that takes the entry's lock clears it ([`BlockEntry::lock`]), as it
+    /// may change the copy or the twin through the system view, which the
+    /// tracker does not see. (Another process's atomic on our copy writes
+    /// the same word into the twin.) So a release whose scan covered the
+    /// block and found none of its pages written knows it unchanged without
+    /// comparing.
+    pub armed: bool,
 }
 
 impl BlockMeta {
@@ -182,7 +194,39 @@ impl BlockMeta {
 /// Most pages of a block that a partial read tracks ([`BlockMeta::missing`]).
 pub(crate) const PARTIAL_MAX_PAGES: usize = 64;
 
-pub(crate) type BlockEntry<U> = Mutex<BlockMeta, U>;
+/// The entry lock of a block and what it guards.
+pub(crate) struct BlockEntry<U: UltItf>(Mutex<BlockMeta, U>);
+
+impl<U: UltItf> BlockEntry<U> {
+    fn new() -> Self {
+        BlockEntry(Mutex::new_in(BlockMeta::default()))
+    }
+
+    /// Takes the entry lock; the caller may change the copy or its twin,
+    /// so what a dirty scan knew of the block is forgotten
+    /// ([`BlockMeta::armed`]).
+    #[inline]
+    pub fn lock(&self) -> MutexGuard<'_, BlockMeta, U> {
+        let mut m = self.0.lock();
+        m.armed = false;
+        m
+    }
+
+    /// [`BlockEntry::lock`] without waiting: `None` if it is held.
+    #[inline]
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, BlockMeta, U>> {
+        let mut m = self.0.try_lock()?;
+        m.armed = false;
+        Some(m)
+    }
+
+    /// Takes the entry lock for a release fence, which keeps
+    /// [`BlockMeta::armed`] up to date itself.
+    #[inline]
+    pub fn lock_for_release(&self) -> MutexGuard<'_, BlockMeta, U> {
+        self.0.lock()
+    }
+}
 
 const CHUNK_SHIFT: usize = 10;
 const CHUNK: usize = 1 << CHUNK_SHIFT;
@@ -290,6 +334,9 @@ pub(crate) struct Segment<U: UltItf> {
     /// Whether the application view stays mapped at shutdown
     /// ([`Segment::retire`]).
     pub keep: bool,
+    /// Whether the dirty tracker records writes to the application view
+    /// (see [`super::dirty`]).
+    pub tracked: bool,
     /// The sequential-miss detector of prefetching.
     pub seq: SeqDetector,
     chunks: Box<[AtomicPtr<BlockEntry<U>>]>,
@@ -453,6 +500,7 @@ impl<U: UltItf> Segment<U> {
             data,
             twin,
             keep: false,
+            tracked: false,
             seq: SeqDetector::default(),
             chunks,
         })
@@ -508,9 +556,7 @@ impl<U: UltItf> Segment<U> {
         let slot = &self.chunks[idx >> CHUNK_SHIFT];
         let mut p = slot.load(Ordering::Acquire);
         if p.is_null() {
-            let fresh: Box<[BlockEntry<U>]> = (0..CHUNK)
-                .map(|_| Mutex::new_in(BlockMeta::default()))
-                .collect();
+            let fresh: Box<[BlockEntry<U>]> = (0..CHUNK).map(|_| BlockEntry::new()).collect();
             let fresh = Box::into_raw(fresh) as *mut BlockEntry<U>;
             match slot.compare_exchange(
                 core::ptr::null_mut(),

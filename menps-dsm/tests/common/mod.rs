@@ -1014,10 +1014,10 @@ pub fn drive(mut cmd: Command, tag: &str, mut during: impl FnMut(u32, &str) -> b
 }
 
 /// Variables of the driver's environment its jobs keep: the suites run
-/// with sequential prefetch, partial reads, the refresh of hot blocks and
-/// the pinning of write-shared blocks on (the default) and off
-/// (`MENPS_DSM_PREFETCH=0 MENPS_DSM_PARTIAL_READ=0 MENPS_DSM_REFRESH=0
-/// MENPS_DSM_PIN_SHARED=0 cargo test ...`),
+/// with sequential prefetch, partial reads, the refresh of hot blocks,
+/// the pinning of write-shared blocks and dirty scans on (the default) and
+/// off (`MENPS_DSM_PREFETCH=0 MENPS_DSM_PARTIAL_READ=0 MENPS_DSM_REFRESH=0
+/// MENPS_DSM_PIN_SHARED=0 MENPS_DSM_DIRTY_SCAN=0 cargo test ...`),
 /// and over a modelled network
 /// (`MENPS_NET_LATENCY=20us cargo test ...`, see `com::netmodel`; the
 /// suites' timing expectations are those of one machine, though).
@@ -1026,6 +1026,7 @@ pub const PASSED_ON: &[&str] = &[
     "MENPS_DSM_PARTIAL_READ",
     "MENPS_DSM_REFRESH",
     "MENPS_DSM_PIN_SHARED",
+    "MENPS_DSM_DIRTY_SCAN",
     "MENPS_NET_LATENCY",
     "MENPS_NET_BANDWIDTH",
 ];

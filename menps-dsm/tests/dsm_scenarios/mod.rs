@@ -61,6 +61,7 @@ pub fn job_entry() {
         "prefetch_invalidated" => prefetch_invalidated(&dsm),
         "hot_refresh" => hot_refresh(&dsm),
         "partial_reads" => partial_reads(&dsm),
+        "dirty_scan" => dirty_scan(&dsm),
         "barrier_after_touch" => barrier_after_touch(&dsm),
         "race" => race(&dsm),
         "races_reported" => races_reported(&dsm),
@@ -847,6 +848,160 @@ fn partial_reads(dsm: &D) {
     }
     if !cfg.partial_reads {
         assert_eq!(partial, 0, "process {me}: partial reads with them off");
+    }
+    dsm.barrier().unwrap();
+}
+
+/// Dirty scans (`MENPS_DSM_DIRTY_SCAN`): a release that learns from the
+/// kernel which blocks were written must never take a written block for an
+/// idle one. Two segments, of 4 KiB blocks (one page) and 16 KiB blocks
+/// (four pages, one written at a time); block `b` belongs to process
+/// `b % n`. Its owner writes it every other round, so that it stays listed
+/// and armed, idle in between (an idle release known from the scan), and
+/// each write lands on a block the last scan armed. The writes vary: plain
+/// stores on any page, a `read` from a pipe (the kernel writes, on a page
+/// of a larger block made writable by a store to another page), and stores
+/// from another OS thread that run while this one is in the barrier (the
+/// thread is joined after it, so the next barrier must publish them: they
+/// may fall between a fence's scan and its comparisons, or between the
+/// protection of an idle run and the look at it). After every barrier every
+/// process checks every word of both segments. With the scans on and the
+/// kernel keeping the record, the owners know idle releases from it; with
+/// them off, no scan is made.
+fn dirty_scan(dsm: &D) {
+    const ROUNDS: usize = 40;
+    const PW: usize = 512; // words per page
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    // (base, blocks, pages per block)
+    let segs: Vec<(*mut u64, usize, usize)> = [(48usize, 1usize), (16, 4)]
+        .iter()
+        .map(|&(blocks, pages)| {
+            let base = dsm
+                .alloc_segment(blocks * pages * 4096, pages * 4096)
+                .unwrap() as *mut u64;
+            (base, blocks, pages)
+        })
+        .collect();
+    let words = |s: usize| segs[s].1 * segs[s].2 * PW;
+    // The model: every word's value, the same in every process.
+    let mut model: Vec<Vec<u64>> = (0..segs.len()).map(|s| vec![0u64; words(s)]).collect();
+    // `pending`: words whose late write may or may not be visible yet.
+    let check = |model: &[Vec<u64>], round: usize, pending: &[(usize, usize, u64)]| {
+        for (s, &(base, _, _)) in segs.iter().enumerate() {
+            for (i, &want) in model[s].iter().enumerate() {
+                // SAFETY: inside the segment; written before the barrier.
+                let v = unsafe { base.add(i).read() };
+                if pending.contains(&(s, i, v)) {
+                    continue;
+                }
+                assert_eq!(
+                    v,
+                    want,
+                    "process {me}, round {round}: segment {s} word {i} (block {}) is stale",
+                    i / (segs[s].2 * PW)
+                );
+            }
+        }
+    };
+    let before = dsm.stats();
+    for round in 0..ROUNDS {
+        // What every owner writes this round: (segment, word index, value,
+        // means: 0 store, 1 pipe, 2 other thread).
+        let mut writes = Vec::new();
+        for (s, &(_, blocks, pages)) in segs.iter().enumerate() {
+            for b in 0..blocks {
+                if round > 0 && (round + b) % 2 != 0 {
+                    continue;
+                }
+                let page = (round * 3 + b) % pages;
+                let w = (round * 7 + b * 13) % PW;
+                let i = (b * pages + page) * PW + w;
+                let means = if round == 0 { 0 } else { (round / 2 + b) % 3 };
+                writes.push((s, i, word(round as u64 + 1, i), means, b % n));
+            }
+        }
+        // Round 0 writes one word of every block (every block listed).
+        let mine: Vec<_> = writes.iter().filter(|w| w.4 == me).copied().collect();
+        let late: Vec<(usize, u64)> = mine
+            .iter()
+            .filter(|w| w.3 == 2)
+            .map(|&(s, i, v, _, _)| (segs[s].0 as usize + i * 8, v))
+            .collect();
+        for &(s, i, v, means, _) in mine.iter().filter(|w| w.3 != 2) {
+            // SAFETY: word `i` of segment `s` is inside it, and only its
+            // block's owner writes it, between barriers.
+            let at = unsafe { segs[s].0.add(i) };
+            let pages = segs[s].2;
+            if means == 0 || pages == 1 {
+                // SAFETY: as above.
+                unsafe { at.write(v) };
+            } else {
+                // The kernel cannot fault a protected block in for us: a
+                // store to another page of the block (of the value it
+                // holds) makes it writable, and leaves this page armed.
+                let other = (i + PW) % (pages * PW) + (i / (pages * PW)) * pages * PW;
+                // SAFETY: inside the same block, ours to write.
+                unsafe { segs[s].0.add(other).write(model[s][other]) };
+                let mut fds = [0; 2];
+                // SAFETY: a pipe of our own; `read` writes 8 bytes at `at`,
+                // which is ours to write (above).
+                unsafe {
+                    assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+                    assert_eq!(libc::write(fds[1], (&v as *const u64).cast(), 8), 8);
+                    assert_eq!(libc::read(fds[0], at.cast(), 8), 8);
+                    libc::close(fds[0]);
+                    libc::close(fds[1]);
+                }
+            }
+        }
+        // The late writes: from another thread, while this one is in the
+        // barrier below; published by the next one.
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_micros(50 * (round as u64 % 4)));
+            for (addr, v) in late {
+                // SAFETY: as above; joined before the next barrier.
+                unsafe { (addr as *mut u64).write(v) };
+            }
+        });
+        dsm.barrier().unwrap();
+        writer.join().unwrap();
+        // Every write but the late ones is visible now; those may be.
+        let mut pending = Vec::new();
+        for &(s, i, v, means, _) in &writes {
+            if means != 2 {
+                model[s][i] = v;
+            } else {
+                pending.push((s, i, v));
+            }
+        }
+        check(&model, round, &pending);
+        dsm.barrier().unwrap();
+        for &(s, i, v) in &pending {
+            model[s][i] = v;
+        }
+        check(&model, round, &[]);
+        // Nobody writes the next round's words before everybody checked.
+        dsm.barrier().unwrap();
+    }
+    let after = dsm.stats();
+    let (scans, known) = (
+        after.dirty_scans - before.dirty_scans,
+        after.scanned_idle - before.scanned_idle,
+    );
+    if !dsm.config().dirty_scan {
+        assert_eq!(
+            (scans, known),
+            (0, 0),
+            "process {me}: dirty scans with them off"
+        );
+    } else if scans > 0 && dsm.config().writer == WriterPolicy::Floating && !dsm.config().fast_read
+    {
+        // (A fixed home's other processes merge at its copy every release,
+        // and fast read compares no idle block: it re-announces them.)
+        assert!(
+            known > 0,
+            "process {me}: {scans} scans, no idle release known from one"
+        );
     }
     dsm.barrier().unwrap();
 }

@@ -14,7 +14,7 @@ use super::super::error::DsmResult;
 use super::super::layout;
 use super::super::segment::{BlockMeta, BlockState, Segment};
 use super::super::signature::{Signature, WriteNotice};
-use super::{PARALLEL_RELEASE_MIN as PARALLEL_MIN, Space, TxKind, bump, parallel_min};
+use super::{Space, TxKind, bump, parallel_tasks};
 
 /// Bytes of hot blocks one refresh batch fetches at most (one buffer of
 /// this size, reused; one read per run of blocks held by one process).
@@ -94,8 +94,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         let notices = sig.notices();
         let mut refresh = Vec::new();
-        let r = if notices.len() >= parallel_min::<U>() && U::num_workers() > 1 {
-            self.apply_notices_parallel(notices.to_vec())
+        let tasks = parallel_tasks::<U>(notices.len(), self.nprocs);
+        let r = if tasks > 1 {
+            self.apply_notices_parallel(notices.to_vec(), tasks)
         } else {
             self.apply_notices(notices, Some(&mut refresh))
         };
@@ -335,13 +336,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         Ok(())
     }
 
-    /// [`Self::apply_notices`] in strided chunks on threads of `U` (Endo 2020
-    /// §3.5.3: invalidations of an acquire fence run in parallel; the
-    /// kernel serialises much of `mprotect`, so the gain is modest).
-    fn apply_notices_parallel(&self, notices: Vec<WriteNotice>) -> DsmResult<()> {
-        let tasks = (U::num_workers() * 4)
-            .min(notices.len() / (PARALLEL_MIN / 4))
-            .max(2);
+    /// [`Self::apply_notices`] in `tasks` strided chunks on threads of `U`
+    /// (Endo 2020 §3.5.3: invalidations of an acquire fence run in
+    /// parallel; the kernel serialises much of `mprotect`, so the gain is
+    /// modest).
+    fn apply_notices_parallel(&self, notices: Vec<WriteNotice>, tasks: usize) -> DsmResult<()> {
         // SAFETY: as in `release_parallel`: the space outlives every task
         // (it is only freed by `Dsm::finalize`, which cannot run while this
         // call borrows it), and every task is joined before we return.

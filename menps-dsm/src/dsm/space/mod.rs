@@ -18,6 +18,7 @@ use crate::com::{Communicator, Tag, WindowId};
 use super::allocator::RuntimeGuard;
 use super::config::{DsmConfig, InvalidationPolicy, RaceAction, WriterPolicy};
 use super::diff;
+use super::dirty::DirtyTracker;
 use super::error::{DsmError, DsmResult, RaceReport};
 use super::layout::{self, MAX_SEGMENTS};
 use super::memory::map::{self, AddressMap, Region, RegionKind, Request};
@@ -51,6 +52,31 @@ const fn parallel_min<U: UltItf>() -> usize {
         PARALLEL_RELEASE_MIN
     } else {
         PARALLEL_RELEASE_MIN_OS
+    }
+}
+
+/// How many tasks a release or an acquire splits `items` blocks (or write
+/// notices) into on threads of `U`, for a job of `nprocs` processes (1:
+/// none, the caller does it all). On user-level threads, up to four per
+/// worker: they cost little and balance the load. On OS threads, one per
+/// processor that this process's share of the host leaves it (the host's
+/// processors divided among the job's processes, as if all ran there;
+/// across hosts that undercounts): each costs a thread's creation, competes
+/// with the other processes for the processors, and takes the memory-map
+/// lock for its `mprotect` calls. (Seven helper threads per release, on 2
+/// processors shared by 2 processes, made the multigrid kernel at class W
+/// a quarter slower than releasing serially.)
+fn parallel_tasks<U: UltItf>(items: usize, nprocs: usize) -> usize {
+    if items < parallel_min::<U>() {
+        return 1;
+    }
+    if U::CHEAP_SPAWN {
+        match U::num_workers() {
+            0 | 1 => 1,
+            w => (w * 4).min(items / (PARALLEL_RELEASE_MIN / 4)).max(2),
+        }
+    } else {
+        (U::num_workers() / nprocs.max(1)).max(1)
     }
 }
 
@@ -90,8 +116,9 @@ enum TxKind {
     /// A read of an invalid block ahead of a sequential miss: as
     /// [`TxKind::Read`], but the caller sets the protection.
     Prefetch,
-    /// A release of a dirty block.
-    Release,
+    /// A release of a dirty block; `clean`: this fence's dirty scan found
+    /// none of its pages written (see `Space::unchanged_since_release`).
+    Release { clean: bool },
     /// An invalidated pinned block, merged in place.
     PinnedRefresh,
     /// An atomic operation on the word at this offset of the block.
@@ -150,6 +177,10 @@ pub struct Stats {
     pub partial_reads: AtomicUsize,
     /// Blocks pinned because processes write them in turn.
     pub shared_pins: AtomicUsize,
+    /// Idle releases known from a dirty scan, without a comparison.
+    pub scanned_idle: AtomicUsize,
+    /// Dirty scans (`PAGEMAP_SCAN` calls).
+    pub dirty_scans: AtomicUsize,
 }
 
 /// Counters as plain numbers.
@@ -211,6 +242,11 @@ pub struct StatsSnapshot {
     /// protection changes around it per write phase, until the block goes
     /// idle.
     pub shared_pins: usize,
+    /// Of the idle releases, those known from the kernel's record of writes
+    /// without comparing the block with its twin (`MENPS_DSM_DIRTY_SCAN`).
+    pub scanned_idle: usize,
+    /// Calls that read the kernel's record of writes (`PAGEMAP_SCAN`).
+    pub dirty_scans: usize,
 }
 
 impl core::fmt::Display for StatsSnapshot {
@@ -223,7 +259,8 @@ impl core::fmt::Display for StatsSnapshot {
              taken_releases={} idle_releases={} fast_reads={} \
              invalidations={} bytes_fetched={} barriers={} flushes={} fault_ms={:.3} \
              release_ms={:.3} acquire_ms={:.3} barrier_ms={:.3} barrier_wait_ms={:.3} \
-             prefetched={} partial_reads={} refreshed={} shared_pins={}",
+             prefetched={} partial_reads={} refreshed={} shared_pins={} scanned_idle={} \
+             dirty_scans={}",
             self.read_faults,
             self.write_faults,
             self.written_ahead,
@@ -245,6 +282,8 @@ impl core::fmt::Display for StatsSnapshot {
             self.partial_reads,
             self.refreshed,
             self.shared_pins,
+            self.scanned_idle,
+            self.dirty_scans,
         )
     }
 }
@@ -292,6 +331,8 @@ impl Stats {
             refreshed: l(&self.refreshed),
             partial_reads: l(&self.partial_reads),
             shared_pins: l(&self.shared_pins),
+            scanned_idle: l(&self.scanned_idle),
+            dirty_scans: l(&self.dirty_scans),
         }
     }
 }
@@ -398,6 +439,9 @@ pub(crate) struct Space<C: Communicator, U: UltItf> {
     /// The program writes DSM memory from one OS thread at a time (see
     /// [`Space::set_single_writer_thread`]).
     single_writer: AtomicBool,
+    /// The kernel's record of writes to the application view, where it
+    /// keeps one (see [`super::dirty`]).
+    dirty: Option<DirtyTracker>,
     pub(crate) stats: Stats,
 }
 
@@ -436,6 +480,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             inval_head: Mutex::new_in(0),
             stack_live: std::sync::OnceLock::new(),
             single_writer: AtomicBool::new(false),
+            dirty: if cfg.dirty_scan {
+                DirtyTracker::open()
+            } else {
+                None
+            },
             stats: Stats::new(cfg.print_stats),
             com,
             cfg,
@@ -542,6 +591,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         )?;
         let mut seg = seg;
         seg.keep = matches!(region.kind, RegionKind::Heap | RegionKind::Adopted);
+        // Call stacks stay untracked: the runtime's frames below a thread's
+        // program frames are rewritten at every call into it, so every
+        // scan would report them, and releases skip those words anyway.
+        seg.tracked = region.kind != RegionKind::Stacks
+            && self
+                .dirty
+                .as_ref()
+                .is_some_and(|d| d.track(region.base, region.size));
         self.segs[region.id].store(Box::into_raw(Box::new(seg)), Ordering::Release);
         map.commit(region)?;
         Ok(region)
@@ -966,6 +1023,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             // lock.
             unsafe { diff::copy_to_twin(seg.sys(j).cast(), seg.twin_of(j).cast(), bs / 8) };
             m.twin_wr = self.clean_copy_version(m);
+            m.armed = seg.tracked;
             m.state = BlockState::Writable;
             m.idle_releases = 0;
             self.note_rewrite(m);
@@ -1051,6 +1109,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 )
             };
             m.twin_wr = self.clean_copy_version(m);
+            // (Equal now: see `BlockMeta::armed`.)
+            m.armed = seg.tracked;
         }
         m.state = BlockState::Writable;
         self.add_to_write_set(seg, idx, m);

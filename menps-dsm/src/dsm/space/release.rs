@@ -9,10 +9,16 @@ use crate::com::Communicator;
 
 use ct_sync::MutexGuard;
 
+use super::super::dirty::{DirtyTracker, ScanResult};
 use super::super::error::DsmResult;
 use super::super::layout;
 use super::super::segment::{BlockMeta, BlockState, Segment};
-use super::{PARALLEL_RELEASE_MIN, SHARED_PIN_IDLE, Space, TxKind, parallel_min};
+use super::{SHARED_PIN_IDLE, Space, TxKind, bump, bump_by, parallel_tasks};
+
+/// The smallest run of blocks a dirty scan covers: below it, comparing the
+/// blocks costs less than the system call (about 2 µs; a 4 KiB block that
+/// left the cache compares in about 1 µs).
+const SCAN_MIN_BYTES: usize = 16 * 1024;
 
 /// Unpins a write-shared pinned block after [`SHARED_PIN_IDLE`] idle
 /// releases in a row: an ordinary writable block again, which the next
@@ -39,6 +45,8 @@ pub(super) struct ReleaseBufs {
     dead: Vec<usize>,
     /// Those that stay listed after their release.
     keep: Vec<usize>,
+    /// What this fence's dirty scan found.
+    scan: ScanResult,
 }
 
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
@@ -51,18 +59,21 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// here at the next fence, and a write before then finds it listed.
     pub(super) fn release_block(&self, seg: &Segment<U>, idx: usize) -> DsmResult<bool> {
         let mut m = seg.entry(idx).lock();
-        self.release_locked(seg, idx, &mut m, None)
+        self.release_locked(seg, idx, &mut m, None, false)
     }
 
     /// [`Space::release_block`] under the entry lock the caller holds; with
     /// `defer`, an idle block due to be protected is left to the caller (see
     /// [`Space::fast_release`]), and counts as staying in the write set.
+    /// `clean`: this fence's dirty scan found none of the block's pages
+    /// written.
     fn release_locked(
         &self,
         seg: &Segment<U>,
         idx: usize,
         m: &mut BlockMeta,
         defer: Option<&mut bool>,
+        clean: bool,
     ) -> DsmResult<bool> {
         if !m.in_write_set {
             return Ok(false);
@@ -77,13 +88,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if m.shared_pin
             && m.state == BlockState::Pinned
             && !m.written_last
-            && self.unchanged_since_release(seg, idx)
+            && self.unchanged_since_release(seg, idx, m, clean)
         {
             self.count_idle_release(m);
             return Ok(true);
         }
-        if m.state.dirty() && !self.fast_release(seg, idx, m, defer)? {
-            self.transaction(seg, idx, m, TxKind::Release)?;
+        if m.state.dirty() && !self.fast_release(seg, idx, m, defer, clean)? {
+            self.transaction(seg, idx, m, TxKind::Release { clean })?;
         }
         if !m.state.dirty() {
             m.in_write_set = false;
@@ -98,8 +109,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// of the segment slower too (the multigrid kernel's grids go idle
     /// together, hundreds of blocks at a time). A block written meanwhile
     /// is made writable again and stays listed, dirty: it is released at
-    /// the next fence, as a write made during this one may be. The blocks
-    /// that stay listed go to `keep`; `run` is emptied.
+    /// the next fence, as a write made during this one may be (on a tracked
+    /// segment, the kernel's record of writes tells which blocks were
+    /// written, without comparing the armed ones). The blocks that stay
+    /// listed go to `keep`; `run` is emptied.
     fn protect_idle_run(
         &self,
         seg: &Segment<U>,
@@ -110,13 +123,28 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             return Ok(());
         };
         let bs = seg.block_size;
-        if let Err(e) = layout::protect(seg.app(first), run.len() * bs, libc::PROT_READ) {
+        let (start, len) = (seg.app(first), run.len() * bs);
+        if let Err(e) = layout::protect(start, len, libc::PROT_READ) {
             keep.extend(run.drain(..).map(|(addr, _, _)| addr));
             return Err(e);
         }
+        // Pages written since the fence's scan (or never protected by one):
+        // the run is read-only now, so nothing is written after this look,
+        // which only reports (it protects nothing, so it consumes nothing).
+        let mut now = ScanResult::default();
+        if let Some(t) = self
+            .dirty
+            .as_ref()
+            .filter(|_| seg.tracked && len >= SCAN_MIN_BYTES)
+        {
+            bump(&self.stats.dirty_scans);
+            if t.written(start, start + len, &mut now.written).is_ok() {
+                now.covered.push((start, start + len));
+            }
+        }
         let mut result = Ok(());
         for (addr, idx, mut m) in run.drain(..) {
-            if self.idle_protected(seg, idx, &mut m) {
+            if self.idle_protected(seg, idx, &mut m, now.clean(addr, bs)) {
                 m.in_write_set = false;
                 continue;
             }
@@ -133,7 +161,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     pub fn release_fence(&self) -> DsmResult<()> {
         let _rt = self.enter()?;
         let mut bufs = self.release_lock.lock();
-        let ReleaseBufs { blocks, dead, keep } = &mut *bufs;
+        let ReleaseBufs {
+            blocks,
+            dead,
+            keep,
+            scan,
+        } = &mut *bufs;
         let _t = self.stats.timed(&self.stats.release_ns);
         self.count_release();
         // Local stores are visible before lock words are read (fast release).
@@ -158,13 +191,19 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         keep.clear();
         // In address order, so that idle blocks are protected in runs.
         blocks.sort_unstable();
-        let parallel = blocks.len() >= parallel_min::<U>() && U::num_workers() > 1;
-        let result = if parallel {
-            let (k, r) = self.release_parallel(core::mem::take(blocks), U::num_workers());
+        // Which of them were written since they were last armed, from the
+        // kernel (arming them again).
+        scan.clear();
+        if let Some(t) = &self.dirty {
+            self.scan_listed(t, blocks, scan);
+        }
+        let tasks = parallel_tasks::<U>(blocks.len(), self.nprocs);
+        let result = if tasks > 1 {
+            let (k, r) = self.release_parallel(core::mem::take(blocks), tasks, scan);
             *keep = k;
             r
         } else {
-            self.release_list(blocks, keep)
+            self.release_list(blocks, scan, keep)
         };
         if !keep.is_empty() || !dead.is_empty() {
             let mut ws = self.write_set.lock();
@@ -174,17 +213,84 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         self.guard(result)
     }
 
+    /// Asks the kernel which of the listed `blocks` (sorted) of tracked
+    /// segments were written since they were last armed, a run of
+    /// contiguous blocks at a time; the runs are armed again as they are
+    /// scanned (see [`DirtyTracker::written_and_protect`]). Runs shorter
+    /// than [`SCAN_MIN_BYTES`] are left to comparisons.
+    ///
+    /// Arming every listed block, also the ones written in this interval,
+    /// costs a block written again in the next one a fault in the kernel
+    /// (about 0.5 µs a page, without a signal); in exchange, a block
+    /// written once is known idle from the first release after, without
+    /// comparing it. (Arming only blocks already found idle once left a
+    /// third of the multigrid kernel's comparisons, and was no faster.)
+    fn scan_listed(&self, t: &DirtyTracker, blocks: &[usize], out: &mut ScanResult) {
+        // (segment, start, end) of the run being gathered.
+        let mut run: Option<(usize, usize, usize)> = None;
+        for &a in blocks {
+            let Some((seg, _)) = self.locate(a) else {
+                continue;
+            };
+            if !seg.tracked {
+                continue;
+            }
+            match &mut run {
+                Some((id, _, end)) if *id == seg.id && *end == a => *end += seg.block_size,
+                _ => {
+                    if let Some(r) = run.take() {
+                        self.scan_run(t, r.1, r.2, out);
+                    }
+                    run = Some((seg.id, a, a + seg.block_size));
+                }
+            }
+        }
+        if let Some(r) = run {
+            self.scan_run(t, r.1, r.2, out);
+        }
+    }
+
+    /// Scans (and protects) the run `[start, end)` of tracked blocks into
+    /// `out`, if it is long enough. A scan that fails counts every page of
+    /// the run as written: it may have protected some already, and what it
+    /// would have reported of them must not be lost.
+    fn scan_run(&self, t: &DirtyTracker, start: usize, end: usize, out: &mut ScanResult) {
+        if end - start < SCAN_MIN_BYTES {
+            return;
+        }
+        let before = out.written.len();
+        match t.written_and_protect(start, end, &mut out.written) {
+            Ok(calls) => bump_by(&self.stats.dirty_scans, calls),
+            Err(_) => {
+                bump(&self.stats.dirty_scans);
+                out.written.truncate(before);
+                out.written.push((start, end));
+            }
+        }
+        out.covered.push((start, end));
+    }
+
     /// Releases `blocks` one after the other; adds the ones that stay in
-    /// the write set to `keep`; returns the first error.
+    /// the write set to `keep`; returns the first error. `scan` is what this
+    /// fence's dirty scan found.
     ///
     /// Idle blocks due to be protected are protected in runs of contiguous
     /// blocks ([`Space::protect_idle_run`]), so `blocks` should be sorted.
-    pub(super) fn release_list(&self, blocks: &[usize], keep: &mut Vec<usize>) -> DsmResult<()> {
+    pub(super) fn release_list(
+        &self,
+        blocks: &[usize],
+        scan: &ScanResult,
+        keep: &mut Vec<usize>,
+    ) -> DsmResult<()> {
         let mut result = Ok(());
         let mut run: Vec<IdleBlock<'_, U>> = Vec::new();
         let mut run_seg: Option<&Segment<U>> = None;
         for &addr in blocks {
             if result.is_err() {
+                // (Taking the entry forgets what the scan reported of it.)
+                if let Some((seg, idx)) = self.locate(addr) {
+                    drop(seg.entry(idx).lock());
+                }
                 keep.push(addr);
                 continue;
             }
@@ -203,9 +309,17 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     continue;
                 }
             }
-            let mut m = seg.entry(idx).lock();
+            let mut m = seg.entry(idx).lock_for_release();
+            // What the scan found: a page written since the block was armed
+            // disarms it (the scan protected the page again, so only this
+            // fence learns of the write); none written, and it is clean.
+            let bs = seg.block_size;
+            let clean = scan.clean(addr, bs);
+            if !clean && scan.covers(addr, bs) {
+                m.armed = false;
+            }
             let mut deferred = false;
-            match self.release_locked(seg, idx, &mut m, Some(&mut deferred)) {
+            match self.release_locked(seg, idx, &mut m, Some(&mut deferred), clean) {
                 Ok(_) if deferred => {
                     run.push((addr, idx, m));
                     run_seg = Some(seg);
@@ -227,21 +341,23 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         result
     }
 
-    /// Releases `blocks` in parallel, in strided chunks on threads of `U`
-    /// (Endo 2020 §3.5.3: merges of a release fence run in parallel).
+    /// Releases `blocks` in parallel, in `tasks` strided chunks on threads
+    /// of `U` (Endo 2020 §3.5.3: merges of a release fence run in
+    /// parallel). Returns the blocks that stay listed and the first error.
     pub(super) fn release_parallel(
         &self,
         blocks: Vec<usize>,
-        workers: usize,
+        tasks: usize,
+        scan: &ScanResult,
     ) -> (Vec<usize>, DsmResult<()>) {
-        let tasks = (workers * 4)
-            .min(blocks.len() / (PARALLEL_RELEASE_MIN / 4))
-            .max(2);
         // SAFETY: the space is leaked by `Dsm::with_config` and only freed by
         // `Dsm::finalize`, which consumes the only handle and so cannot run
         // while this call (which borrows the space through it) is running;
         // every task is joined before we return.
         let me: &'static Self = unsafe { &*(self as *const Self) };
+        // SAFETY: likewise, the scan result is borrowed for this call, and
+        // every task is joined before we return.
+        let scan: &'static ScanResult = unsafe { &*(scan as *const ScanResult) };
         let blocks = std::sync::Arc::new(blocks);
         let handles: Vec<_> = (1..tasks)
             .map(|t| {
@@ -249,14 +365,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 U::spawn(move || {
                     let mine: Vec<usize> = blocks.iter().copied().skip(t).step_by(tasks).collect();
                     let mut keep = Vec::new();
-                    let r = me.release_list(&mine, &mut keep);
+                    let r = me.release_list(&mine, scan, &mut keep);
                     (keep, r)
                 })
             })
             .collect();
         let mine: Vec<usize> = blocks.iter().copied().step_by(tasks).collect();
         let mut keep = Vec::new();
-        let mut result = self.release_list(&mine, &mut keep);
+        let mut result = self.release_list(&mine, scan, &mut keep);
         for h in handles {
             let (k, r) = h.join();
             keep.extend(k);

@@ -441,6 +441,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let off = seg.offset(idx);
         let fixed = self.cfg.writer == WriterPolicy::Fixed;
         let home = self.tx_home(seg, idx, lad);
+        // A release that knows the copy unchanged from a dirty scan (taken
+        // below unless the block is protected first).
+        let scanned_clean = matches!(kind, TxKind::Release { clean: true }) && m.armed;
+        // The copy and the twin may change below, through the system view.
+        m.armed = false;
         // A partial copy (see `BlockMeta::missing`) lacks pages even where
         // the latest version is ours: it is read whole, like a remote one.
         let had_missing = m.missing != 0;
@@ -457,6 +462,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if protect_before {
             layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
         }
+        // What the scan knew holds while the block stays writable: a write
+        // after it is reported at the next fence. A block protected now
+        // leaves the write set if found unchanged, so a write between the
+        // scan and the protection must be found by comparing.
+        let known_clean = scanned_clean && !protect_before;
         let write_protected = !was.writable() || protect_before;
         // SAFETY: the block's entry lock is held, and either the application
         // view does not allow writes (invalid, read-only, or protected just
@@ -478,10 +488,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             if dirty {
                 // Written since what we last published, which is the twin
                 // (a fast release updates it too).
-                written = data != twin;
+                written = !known_clean && data != twin;
                 if written {
                     twin.copy_from_slice(data);
                 }
+                if known_clean {
+                    bump(&self.stats.scanned_idle);
+                }
+                // (Equal now: see `BlockMeta::armed`.)
+                m.armed = seg.tracked;
             }
         } else if !dirty && !matches!(kind, TxKind::Atomic(..)) {
             // A clean copy is replaced: read the latest version straight
@@ -732,13 +747,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     ///
     /// With `defer`, a block due to be protected is left as it is and
     /// `*defer` set: the caller protects it together with its neighbours
-    /// under the same entry lock ([`Space::protect_idle_run`]).
+    /// under the same entry lock ([`Space::protect_idle_run`]). `clean`:
+    /// this fence's dirty scan found none of the block's pages written
+    /// (see [`Space::unchanged_since_release`]).
     pub(super) fn fast_release(
         &self,
         seg: &Segment<U>,
         idx: usize,
         m: &mut BlockMeta,
         defer: Option<&mut bool>,
+        clean: bool,
     ) -> DsmResult<bool> {
         if !self.cfg.fast_release_active() {
             return Ok(false);
@@ -759,15 +777,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // would find it changed too, or rewritten to its released values,
         // which the transaction the caller then runs handles alike).
         let seen_changed = core::cell::Cell::new(false);
-        let unchanged = |space: &Self| {
-            let u = space.unchanged_since_release(seg, idx);
+        let unchanged = |space: &Self, m: &mut BlockMeta| {
+            let u = space.unchanged_since_release(seg, idx, m, clean);
             seen_changed.set(seen_changed.get() || !u);
             u
         };
         if m.state == BlockState::Writable
             && !m.written_last
             && !self.cfg.fast_read_active()
-            && unchanged(self)
+            && unchanged(self, m)
         {
             return self.idle_release(seg, idx, m, defer);
         }
@@ -793,7 +811,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             && m.idle_releases > 0
             && !self.cfg.fast_read_active()
             && stays_listed_when_idle(m)
-            && unchanged(self)
+            && unchanged(self, m)
         {
             self.count_idle_release(m);
             return Ok(true);
@@ -807,7 +825,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // now, took it back from the one that had just taken the latest
         // version).
         if !qlock::owned_here(&self.com, &site)? {
-            if !self.cfg.fast_read_active() && !seen_changed.get() && unchanged(self) {
+            if !self.cfg.fast_read_active() && !seen_changed.get() && unchanged(self, m) {
                 return self.idle_release(seg, idx, m, defer);
             }
             return Ok(false);
@@ -827,7 +845,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             self.unlock_block(seg, idx, lad)?;
             return Ok(false);
         }
-        let r = self.fast_release_locked(seg, idx, m, defer, &mut lad);
+        let r = self.fast_release_locked(seg, idx, m, defer, &mut lad, clean);
         self.unlock_block(seg, idx, lad)?;
         r
     }
@@ -841,8 +859,19 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         m: &mut BlockMeta,
         defer: Option<&mut bool>,
         lad: &mut Lad,
+        clean: bool,
     ) -> DsmResult<bool> {
         let bs = seg.block_size;
+        // Nothing written since the version we published (the twin) — or
+        // written and restored: no other process can hold a state from in
+        // between, since they read the twin, not the copy. Not under fast
+        // read, whose readers copy the copy without the lock.
+        if !self.cfg.fast_read_active()
+            && self.unchanged_since_release(seg, idx, m, clean)
+            && self.idle_release(seg, idx, m, defer)?
+        {
+            return Ok(true);
+        }
         let skip = self.dead_words(seg, idx);
         // SAFETY: as in `release_view`, and the twin is ours to write: we
         // hold the block's lock, which every other process reading it (the
@@ -853,16 +882,6 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 diff::words_mut(seg.twin_of(idx), bs),
             )
         };
-        // Nothing written since the version we published (the twin) — or
-        // written and restored: no other process can hold a state from in
-        // between, since they read the twin, not the copy. Not under fast
-        // read, whose readers copy the copy without the lock.
-        if !self.cfg.fast_read_active()
-            && data[skip..] == twin[skip..]
-            && self.idle_release(seg, idx, m, defer)?
-        {
-            return Ok(true);
-        }
         // Enough fast releases in a row: a transaction (the caller's).
         if m.fast_rel_count >= m.fast_rel_threshold.max(1) {
             return Ok(false);
@@ -881,6 +900,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // changed there), and copying the whole block was a tenth of a team
         // barrier's cost.
         twin[skip..].copy_from_slice(&data[skip..]);
+        // (Equal now: see `BlockMeta::armed`.)
+        m.armed = seg.tracked;
         if lad.last_writer != self.rank as u64 + 1 {
             // Our changes on top of the latest version (our twin, see
             // `BlockMeta::twin_wr`): we are its last writer now, and the
@@ -939,7 +960,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         let bs = seg.block_size;
         layout::protect(seg.app(idx), bs, libc::PROT_READ)?;
-        if self.idle_protected(seg, idx, m) {
+        if self.idle_protected(seg, idx, m, false) {
             return Ok(true);
         }
         // Written meanwhile: writable again, and released as written.
@@ -1019,11 +1040,29 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }) / 8
     }
 
-    /// Whether this process's copy of block `idx` is still what it last
-    /// released (as a release compares it, live memory only).
-    pub(super) fn unchanged_since_release(&self, seg: &Segment<U>, idx: usize) -> bool {
+    /// Whether this process's copy of block `idx` (entry `m`, locked) is
+    /// still what it last released (as a release compares it, live memory
+    /// only). Known without comparing where this fence's dirty scan found
+    /// none of its pages written (`clean`) and the copy is armed (see
+    /// [`BlockMeta::armed`]); otherwise compared, and a copy found equal on
+    /// a tracked segment is armed from now on.
+    pub(super) fn unchanged_since_release(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &mut BlockMeta,
+        clean: bool,
+    ) -> bool {
+        if clean && m.armed {
+            bump(&self.stats.scanned_idle);
+            return true;
+        }
         let (data, twin, skip) = self.release_view(seg, idx);
-        data[skip..] == twin[skip..]
+        let unchanged = data[skip..] == twin[skip..];
+        if unchanged && seg.tracked {
+            m.armed = true;
+        }
+        unchanged
     }
 
     /// The second half of an idle release that protects block `idx`, whose
@@ -1037,9 +1076,17 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// set in `release_block`; the next write faults and lists it again,
     /// and the twin, the base of the changes since the last transaction,
     /// then starts a clean diff) and this returns `true`; if not, the
-    /// caller makes it writable again.
-    pub(super) fn idle_protected(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) -> bool {
-        if !self.unchanged_since_release(seg, idx) {
+    /// caller makes it writable again. `clean`: a look at the kernel's
+    /// record of writes, after the block was made read-only, found none of
+    /// its pages written (see [`Space::unchanged_since_release`]).
+    pub(super) fn idle_protected(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        m: &mut BlockMeta,
+        clean: bool,
+    ) -> bool {
+        if !self.unchanged_since_release(seg, idx, m, clean) {
             return false;
         }
         bump(&self.stats.idle_releases);
