@@ -169,12 +169,13 @@ pub(crate) struct BlockMeta {
     pub missing: u64,
     /// Dirty tracking (see [`super::dirty`]): every page of this copy that
     /// the tracker has kept write-protected since it last protected it
-    /// (none written since) holds the same bytes as the twin. A release
-    /// sets it where it makes or finds the copy equal to its twin, and
-    /// clears it where a scan reports a page written; every other path
-    /// that takes the entry's lock clears it ([`BlockEntry::lock`]), as it
-    /// may change the copy or the twin through the system view, which the
-    /// tracker does not see. (Another process's atomic on our copy writes
+    /// (none written since) holds the same bytes as the twin. Taking the
+    /// entry's lock clears it ([`BlockEntry::lock`]: the taker may change
+    /// the copy or the twin through the system view, which the tracker
+    /// does not see), except for a release fence, which clears it where its
+    /// scan reports a page of the block written. A release, a write fault or
+    /// a write-ahead then sets it where it makes or finds the copy equal to
+    /// its twin. (Another process's atomic on our copy writes
     /// the same word into the twin.) So a release whose scan covered the
     /// block and found none of its pages written knows it unchanged without
     /// comparing.
