@@ -314,8 +314,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             // disarms it (the scan protected the page again, so only this
             // fence learns of the write); none written, and it is clean.
             let bs = seg.block_size;
-            let clean = scan.clean(addr, bs);
-            if !clean && scan.covers(addr, bs) {
+            let covered = scan.covers(addr, bs);
+            let clean = covered && !scan.touched(addr, bs);
+            if covered && !clean {
                 m.armed = false;
             }
             let mut deferred = false;
