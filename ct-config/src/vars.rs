@@ -478,7 +478,7 @@ pub const OMP_WAIT_POLICY: Var = var(
     Kind::Choice(&["active", "passive"]),
     "(between the two)",
     "menps-omp",
-    "active: waiting threads yield longer; passive: they park soon",
+    "active: waiting threads yield longer, idle workers stay awake 1 s; passive: they park soon",
 );
 /// The `dyn-var` ICV.
 pub const OMP_DYNAMIC: Var = var(

@@ -2,10 +2,10 @@
 //! sleeping, and the builder.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, Thread};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_deque::Injector;
 use crossbeam_utils::CachePadded;
@@ -194,6 +194,8 @@ pub(crate) struct Shared<C: Config> {
     pub(crate) hook: C::Hook,
     pub(crate) stack_size: usize,
     pub(crate) sleep: Sleep,
+    /// [`Runtime::set_stay_awake`], in nanoseconds.
+    stay_awake_ns: AtomicU64,
     shutdown: AtomicBool,
     pub(crate) aspect: C::Aspect,
 }
@@ -397,6 +399,7 @@ impl<S, H> Builder<S, H> {
             hook,
             stack_size,
             sleep: Sleep::new(workers),
+            stay_awake_ns: AtomicU64::new(0),
             shutdown: AtomicBool::new(false),
             aspect,
         });
@@ -446,6 +449,9 @@ fn worker_main<C: Config>(
 fn run_loop<C: Config>(w: &Worker<C>) {
     let shared = &*w.shared;
     let mut idle_rounds = 0u32;
+    // When this worker's current idle spell began (taken once it starts
+    // yielding, and only with a stay-awake time set).
+    let mut idle_since: Option<Instant> = None;
     loop {
         // Other workers' home queues and inboxes: once idle for a while, and
         // always when shutting down (their owners may have exited already).
@@ -465,6 +471,7 @@ fn run_loop<C: Config>(w: &Worker<C>) {
             if idle_rounds != 0 {
                 shared.aspect.idle_end(w.index);
                 idle_rounds = 0;
+                idle_since = None;
             }
             // SAFETY: found work is suspended and ours to run.
             unsafe { w.execute(t) };
@@ -497,6 +504,11 @@ fn run_loop<C: Config>(w: &Worker<C>) {
             }
         } else if idle_rounds <= IDLE_SPINS + IDLE_YIELDS {
             thread::yield_now();
+        } else if stays_awake(shared, &mut idle_since) {
+            // Counted as the last yielding round, so that the sleeps below
+            // start at their shortest.
+            idle_rounds = IDLE_SPINS + IDLE_YIELDS;
+            thread::yield_now();
         } else {
             let doublings = (idle_rounds - IDLE_SPINS - IDLE_YIELDS).min(16);
             let timeout = SLEEP_MIN.saturating_mul(1 << doublings).min(SLEEP_MAX);
@@ -511,6 +523,19 @@ fn run_loop<C: Config>(w: &Worker<C>) {
     if idle_rounds != 0 {
         shared.aspect.idle_end(w.index);
     }
+}
+
+/// Whether an idle worker whose spell began at `since` (set on the first
+/// call) should keep yielding instead of sleeping: until the runtime's
+/// stay-awake time has passed.
+#[inline]
+fn stays_awake<C: Config>(shared: &Shared<C>, since: &mut Option<Instant>) -> bool {
+    let ns = shared.stay_awake_ns.load(Ordering::Relaxed);
+    if ns == 0 {
+        return false;
+    }
+    let start = *since.get_or_insert_with(Instant::now);
+    start.elapsed() < Duration::from_nanos(ns)
 }
 
 /// A pool of worker OS threads running user-level threads.
@@ -540,6 +565,34 @@ impl<C: Config> Runtime<C> {
     /// Number of workers.
     pub fn num_workers(&self) -> usize {
         self.shared.workers
+    }
+
+    /// How long an idle worker keeps looking for work — yielding its
+    /// processor between looks — before it sleeps, beyond the few
+    /// microseconds of spinning and yielding it always does first (the
+    /// default, zero, adds nothing).
+    ///
+    /// A sleeping worker takes a wake-up to run again (a system call by the
+    /// waker, and tens to hundreds of microseconds in a virtual machine
+    /// whose idle processor was halted). Meanwhile an awake worker runs the
+    /// threads meant for it, so threads that should run in parallel end up
+    /// on one worker. Programs whose workers idle only briefly between bursts
+    /// of work (a team of threads meeting at barriers, as OpenMP's
+    /// `OMP_WAIT_POLICY=active` asks) keep them awake with a time above the
+    /// usual gap. A yielding worker still gives way to every other runnable
+    /// thread of its processor, but it does use the processor while nothing
+    /// else wants it.
+    ///
+    /// Takes effect at each worker's next idle spell; may be changed at any
+    /// time, from any thread.
+    pub fn set_stay_awake(&self, t: Duration) {
+        let ns = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
+        self.shared.stay_awake_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// The time set by [`Runtime::set_stay_awake`].
+    pub fn stay_awake(&self) -> Duration {
+        Duration::from_nanos(self.shared.stay_awake_ns.load(Ordering::Relaxed))
     }
 
     /// The aspect instance (e.g. to read [`StatsAspect`](crate::StatsAspect)

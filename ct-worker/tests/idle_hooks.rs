@@ -159,3 +159,36 @@ fn only_workers_take_hooks() {
     let rt = Runtime::builder().workers(1).build().unwrap();
     assert!(rt.block_on(<Ult>::runs_idle_hooks));
 }
+
+/// A worker told to stay awake keeps polling its hooks for that long before
+/// it sleeps (the hook's `Sleep` run, which ends the park here, comes no
+/// earlier), and a runtime's stay-awake time can be changed while it runs.
+#[test]
+fn a_worker_told_to_stay_awake_sleeps_no_earlier() {
+    with_timeout(60, || {
+        let rt = Runtime::builder().workers(1).build().unwrap();
+        assert_eq!(rt.stay_awake(), std::time::Duration::ZERO);
+        let awake = std::time::Duration::from_millis(40);
+        rt.set_stay_awake(awake);
+        assert_eq!(rt.stay_awake(), awake);
+        rt.block_on(|| {
+            for _ in 0..3 {
+                let t = std::time::Instant::now();
+                let probe = park_with_hook(usize::MAX, |_| {});
+                let parked = t.elapsed();
+                assert_eq!(probe.sleeps.load(Ordering::SeqCst), 1);
+                assert!(
+                    parked >= awake,
+                    "slept after {parked:?}, told to stay awake {awake:?}"
+                );
+            }
+        });
+        // Back to the default: a short idle spell, then sleep (the hook's
+        // `Sleep` run) — which the test above also checks.
+        rt.set_stay_awake(std::time::Duration::ZERO);
+        rt.block_on(|| {
+            let probe = park_with_hook(usize::MAX, |_| {});
+            assert_eq!(probe.sleeps.load(Ordering::SeqCst), 1);
+        });
+    });
+}

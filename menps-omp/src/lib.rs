@@ -107,7 +107,7 @@
 //! |---|---|---|
 //! | `OMP_NUM_THREADS` | threads of a team, all processes together (a multiple of the processes) | processes × (processors / processes) |
 //! | `OMP_SCHEDULE` | schedule of `Schedule::Runtime` loops (`static`, `dynamic,4`, `guided`, `auto`…) | `static` |
-//! | `OMP_WAIT_POLICY` | `active`: waiting threads yield longer before they sleep; `passive`: they sleep soon | in between |
+//! | `OMP_WAIT_POLICY` | `active`: waiting threads yield longer before they sleep, and idle workers stay awake for 1 s; `passive`: they sleep soon | in between: idle workers stay awake for 5 ms when each has a processor of its own |
 //! | `OMP_STACKSIZE` | call stack of a team thread (`512K`, `1M`; a bare number is KiB; at most 1 MiB) | 128 KiB |
 //! | `MENPS_NPROCS` | processes of a job started by [`run`] | [`Builder::processes`], else 1 |
 //! | `MENPS_DSM_*` | the DSM's settings (protocol, heap size, stacks per process …; see menps-dsm); programs of this runtime keep 16384 write notices (`MENPS_DSM_WN_LIST`) and at least 4 stacks per team thread of a process (`MENPS_DSM_STACKS`) unless told otherwise | |

@@ -317,6 +317,8 @@ fn run_with_dsm<R: Send>(
 ) -> Result<Option<R>, Error> {
     let ring = WsRing::new(dsm)?;
     let team = Team::new(dsm, tpp)?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    team.set_stay_awake(s.wait_policy.stay_awake(tpp, cpus / dsm.nprocs()));
     // The program's code runs on the team's workers only, here one.
     let single = team.workers() == 1 && no_program_threads.is_some_and(|f| f());
     dsm.set_single_writer_thread(single);

@@ -318,6 +318,13 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         self.rt.num_workers()
     }
 
+    /// How long this process's idle team workers keep looking for work
+    /// before they sleep ([`ct_worker::Runtime::set_stay_awake`]): an
+    /// OpenMP-style wait policy.
+    pub fn set_stay_awake(&self, t: core::time::Duration) {
+        self.rt.set_stay_awake(t);
+    }
+
     /// Forks started so far (on process 0; forks served elsewhere).
     pub fn forks(&self) -> u64 {
         self.forks.load(Ordering::Relaxed)
