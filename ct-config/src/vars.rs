@@ -480,6 +480,24 @@ pub const OMP_WAIT_POLICY: Var = var(
     "menps-omp",
     "active: waiting threads yield longer, idle workers stay awake 1 s; passive: they park soon",
 );
+/// How team workers are bound to processors.
+pub const OMP_PROC_BIND: Var = var(
+    "OMP_PROC_BIND",
+    Kind::Custom("false, true, primary (or master), close or spread; a list's first item is used"),
+    "false",
+    "menps-omp",
+    "binds each team worker to a place of OMP_PLACES (close, spread, primary)",
+);
+/// The places workers are bound to.
+pub const OMP_PLACES: Var = var(
+    "OMP_PLACES",
+    Kind::Custom(
+        "threads, cores or sockets, optionally with a count (cores(4)), or places listed          in braces ({0,1},{2:2},{4:2:2})",
+    ),
+    "threads",
+    "menps-omp",
+    "the places OMP_PROC_BIND binds to (of the processors the process may use)",
+);
 /// The `dyn-var` ICV.
 pub const OMP_DYNAMIC: Var = var(
     "OMP_DYNAMIC",
@@ -567,6 +585,8 @@ pub const ALL: &[Var] = &[
     OMP_SCHEDULE,
     OMP_STACKSIZE,
     OMP_WAIT_POLICY,
+    OMP_PROC_BIND,
+    OMP_PLACES,
     OMP_DYNAMIC,
     OMP_CANCELLATION,
     MENPS_OMP_OUTPUT,

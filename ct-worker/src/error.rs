@@ -32,6 +32,16 @@ pub enum Error {
     /// [`TraceAspect`](crate::TraceAspect) whose file cannot be created).
     #[error("{0}")]
     Aspect(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A worker could not be bound to processors ([`Runtime::bind_worker`](crate::Runtime::bind_worker)).
+    #[error("cannot bind worker {worker} to processors {cpus:?}: {why}")]
+    Bind {
+        /// The worker.
+        worker: usize,
+        /// The processors asked for.
+        cpus: Vec<usize>,
+        /// Why not.
+        why: String,
+    },
     /// An environment variable (`CT_*`) has a value that cannot be used.
     #[error("{0}")]
     Env(#[from] ct_config::Error),

@@ -161,7 +161,9 @@ pub use local::UltLocalKey;
 pub use log_stderr::log_to_stderr;
 pub use os::{OsSuspendedThread, OsThreads};
 pub use parallel::{parallel_for, parallel_for_in};
-pub use runtime::{Builder, BuilderPart, DEFAULT_STACK_SIZE, DefaultPart, Given, Runtime};
+pub use runtime::{
+    Builder, BuilderPart, DEFAULT_STACK_SIZE, DefaultPart, Given, Runtime, allowed_cpus,
+};
 pub use scope::{Scope, ScopedJoinHandle, scope, scope_in};
 pub use stack::{MmapStackCache, MmapStackHandle, MmapStacks, StackSource};
 pub use suspended::SuspendedThread;

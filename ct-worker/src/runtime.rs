@@ -538,6 +538,25 @@ fn stays_awake<C: Config>(shared: &Shared<C>, since: &mut Option<Instant>) -> bo
     start.elapsed() < Duration::from_nanos(ns)
 }
 
+/// The processors the calling OS thread may run on (its affinity mask), in
+/// ascending order: what [`Runtime::bind_worker`] may bind workers to, as
+/// threads inherit the mask of the thread that starts them.
+pub fn allowed_cpus() -> std::io::Result<Vec<usize>> {
+    // SAFETY: an all-zero `cpu_set_t` is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+    // SAFETY: `set` is a writable set of the size passed; 0 is the caller.
+    let r =
+        unsafe { libc::sched_getaffinity(0, core::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let max = 8 * core::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: every index is below the set's capacity.
+    Ok((0..max)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect())
+}
+
 /// A pool of worker OS threads running user-level threads.
 ///
 /// Dropping the runtime lets the workers finish every runnable thread, then
@@ -588,6 +607,59 @@ impl<C: Config> Runtime<C> {
     pub fn set_stay_awake(&self, t: Duration) {
         let ns = u64::try_from(t.as_nanos()).unwrap_or(u64::MAX);
         self.shared.stay_awake_ns.store(ns, Ordering::Relaxed);
+    }
+
+    /// Binds worker `index`'s OS thread to the processors `cpus` (it runs
+    /// only on them from now on), as `sched_setaffinity` does.
+    ///
+    /// User-level threads still move between workers (stealing), so this
+    /// places workers, not the threads they run.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Bind`]: no such worker, no processor given, a processor
+    /// number beyond what the system can name, or the system's refusal (a
+    /// processor outside the process's allowed set).
+    pub fn bind_worker(&self, index: usize, cpus: &[usize]) -> Result<()> {
+        let bind_err = |why: String| Error::Bind {
+            worker: index,
+            cpus: cpus.to_vec(),
+            why,
+        };
+        let Some(handle) = self.threads.get(index) else {
+            return Err(bind_err(format!(
+                "the runtime has {} workers",
+                self.threads.len()
+            )));
+        };
+        if cpus.is_empty() {
+            return Err(bind_err("no processor given".into()));
+        }
+        // SAFETY: an all-zero `cpu_set_t` is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { core::mem::zeroed() };
+        let max = 8 * core::mem::size_of::<libc::cpu_set_t>();
+        for &c in cpus {
+            if c >= max {
+                return Err(bind_err(format!("processor numbers end at {}", max - 1)));
+            }
+            // SAFETY: `c` is below the set's capacity (checked above).
+            unsafe { libc::CPU_SET(c, &mut set) };
+        }
+        use std::os::unix::thread::JoinHandleExt;
+        // SAFETY: the worker's thread is joined only when the runtime is
+        // dropped, so its pthread handle is valid; `set` is a valid set of
+        // the size passed.
+        let r = unsafe {
+            libc::pthread_setaffinity_np(
+                handle.as_pthread_t(),
+                core::mem::size_of::<libc::cpu_set_t>(),
+                &set,
+            )
+        };
+        if r != 0 {
+            return Err(bind_err(std::io::Error::from_raw_os_error(r).to_string()));
+        }
+        Ok(())
     }
 
     /// The time set by [`Runtime::set_stay_awake`].

@@ -803,3 +803,36 @@ fn stack_overflow_in_a_thread_is_reported() {
         assert!(err.contains(knob), "no {knob} in stderr:\n{err}");
     }
 }
+
+/// A worker bound to a processor runs there only (its OS thread's mask is
+/// that processor), and binding a worker that does not exist, to no
+/// processor or to one the system cannot name fails with a message.
+#[test]
+fn a_bound_worker_runs_on_its_processor_only() {
+    with_timeout(60, || {
+        let allowed = ct_worker::allowed_cpus().unwrap();
+        assert!(!allowed.is_empty());
+        let rt = Runtime::builder().workers(1).build().unwrap();
+        let cpu = *allowed.last().unwrap();
+        rt.bind_worker(0, &[cpu]).unwrap();
+        let (mask, on) = rt.block_on(|| {
+            let mask = ct_worker::allowed_cpus().unwrap();
+            // SAFETY: no arguments.
+            let on = unsafe { libc::sched_getcpu() };
+            (mask, on)
+        });
+        assert_eq!(mask, vec![cpu]);
+        assert_eq!(on, cpu as i32);
+        // Back to every allowed processor.
+        rt.bind_worker(0, &allowed).unwrap();
+        assert_eq!(rt.block_on(|| ct_worker::allowed_cpus().unwrap()), allowed);
+        for (index, cpus) in [(1, vec![cpu]), (0, vec![]), (0, vec![1 << 20])] {
+            let e = rt.bind_worker(index, &cpus).unwrap_err();
+            assert!(
+                matches!(e, ct_worker::Error::Bind { worker, .. } if worker == index),
+                "{e}"
+            );
+            assert!(e.to_string().contains("cannot bind worker"), "{e}");
+        }
+    });
+}

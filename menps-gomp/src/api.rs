@@ -247,28 +247,78 @@ pub unsafe extern "C" fn omp_get_schedule(kind: *mut c_int, chunk: *mut c_int) {
     }
 }
 
-/// `omp_get_proc_bind`: threads are not bound (`omp_proc_bind_false`).
+/// The workers' binding (`OMP_PROC_BIND`), if they are bound.
+fn binding() -> Option<&'static menps_omp::internals::Binding> {
+    menps_omp::internals::runtime()?.binding.as_ref()
+}
+
+/// `omp_get_proc_bind`: the `OMP_PROC_BIND` policy the team's workers are
+/// bound by (`omp_proc_bind_false` when they are not).
 #[unsafe(no_mangle)]
 pub extern "C" fn omp_get_proc_bind() -> c_int {
-    0
+    binding().map_or(0, |b| b.policy.code())
 }
 
-/// `omp_get_num_places`: no places.
+/// `omp_get_num_places`: places of `OMP_PLACES` when the workers are bound,
+/// else none.
 #[unsafe(no_mangle)]
 pub extern "C" fn omp_get_num_places() -> c_int {
-    0
+    binding().map_or(0, |b| count(b.places.len()))
 }
 
-/// `omp_get_place_num`: no place.
+/// The processors of place `p`, if there is such a place.
+fn place(p: c_int) -> Option<&'static [usize]> {
+    let b = binding()?;
+    b.places.get(usize::try_from(p).ok()?).map(Vec::as_slice)
+}
+
+/// `omp_get_place_num_procs`: processors of place `p` (0: no such place).
+#[unsafe(no_mangle)]
+pub extern "C" fn omp_get_place_num_procs(p: c_int) -> c_int {
+    place(p).map_or(0, |cpus| count(cpus.len()))
+}
+
+/// `omp_get_place_proc_ids`: writes the processors of place `p` to `ids`
+/// (nothing for no such place).
+///
+/// # Safety
+///
+/// `ids` has room for `omp_get_place_num_procs(p)` ints.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn omp_get_place_proc_ids(p: c_int, ids: *mut c_int) {
+    for (k, &c) in place(p).unwrap_or_default().iter().enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe { *ids.add(k) = count(c) };
+    }
+}
+
+/// `omp_get_place_num`: the place of the worker running the caller, or -1
+/// when the workers are not bound. (A team thread normally stays on its
+/// worker, but another worker of its process may run it for a while.)
 #[unsafe(no_mangle)]
 pub extern "C" fn omp_get_place_num() -> c_int {
-    -1
+    menps_omp::internals::place_num().map_or(-1, count)
 }
 
-/// `omp_get_partition_num_places`: no places.
+/// `omp_get_partition_num_places`: every place (the runtime does not split
+/// the place list between nested teams).
 #[unsafe(no_mangle)]
 pub extern "C" fn omp_get_partition_num_places() -> c_int {
-    0
+    omp_get_num_places()
+}
+
+/// `omp_get_partition_place_nums`: writes `0 .. omp_get_partition_num_places()`
+/// to `nums`.
+///
+/// # Safety
+///
+/// `nums` has room for `omp_get_partition_num_places()` ints.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn omp_get_partition_place_nums(nums: *mut c_int) {
+    for k in 0..omp_get_partition_num_places() {
+        // SAFETY: the caller's contract.
+        unsafe { *nums.add(k as usize) = k };
+    }
 }
 
 /// `omp_get_num_devices`: no target devices.

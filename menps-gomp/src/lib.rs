@@ -51,6 +51,7 @@
 //! team, its work-sharing counters, the loop it is in. Both live in this
 //! process's private memory (they are never read by other processes).
 
+pub mod affinity;
 pub mod api;
 pub mod atomics;
 mod caller_sp;

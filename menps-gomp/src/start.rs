@@ -85,6 +85,7 @@ pub unsafe extern "C" fn __libc_start_main(
         !off && (exe.uses_openmp() || exe.contains(__libc_start_main as *const () as usize))
     };
     let main = if take_over {
+        crate::affinity::restore_initial_thread();
         REAL_MAIN.store(main as usize, Ordering::Relaxed);
         program_main as CMain
     } else {

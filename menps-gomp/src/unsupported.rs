@@ -81,10 +81,10 @@ unsupported! {
     omp_get_initial_device_ omp_get_level_ omp_get_max_active_levels_ omp_get_max_task_priority_
     omp_get_max_teams omp_get_max_teams_ omp_get_max_threads_ omp_get_nested_
     omp_get_num_devices_ omp_get_num_places_ omp_get_num_procs_ omp_get_num_teams_
-    omp_get_num_threads_ omp_get_partition_num_places_ omp_get_partition_place_nums
+    omp_get_num_threads_ omp_get_partition_num_places_
     omp_get_partition_place_nums_ omp_get_partition_place_nums_8_ omp_get_place_num_
-    omp_get_place_num_procs omp_get_place_num_procs_ omp_get_place_num_procs_8_
-    omp_get_place_proc_ids omp_get_place_proc_ids_ omp_get_place_proc_ids_8_ omp_get_proc_bind_
+    omp_get_place_num_procs_ omp_get_place_num_procs_8_
+    omp_get_place_proc_ids_ omp_get_place_proc_ids_8_ omp_get_proc_bind_
     omp_get_schedule_ omp_get_schedule_8_ omp_get_supported_active_levels_ omp_get_team_num_
     omp_get_team_size_ omp_get_team_size_8_ omp_get_teams_thread_limit
     omp_get_teams_thread_limit_ omp_get_thread_limit_ omp_get_thread_num_ omp_get_wtick_

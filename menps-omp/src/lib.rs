@@ -108,6 +108,8 @@
 //! | `OMP_NUM_THREADS` | threads of a team, all processes together (a multiple of the processes) | processes × (processors / processes) |
 //! | `OMP_SCHEDULE` | schedule of `Schedule::Runtime` loops (`static`, `dynamic,4`, `guided`, `auto`…) | `static` |
 //! | `OMP_WAIT_POLICY` | `active`: waiting threads yield longer before they sleep, and idle workers stay awake for 1 s; `passive`: they sleep soon | in between: idle workers stay awake for 5 ms when each has a processor of its own |
+//! | `OMP_PROC_BIND` | `close`, `spread`, `primary` or `true`: each team worker (OS thread) bound to a place of `OMP_PLACES`, placed as OpenMP places team thread `rank × workers + i` (team threads normally stay on their worker, but another worker of their process may run one for a while) | `false` |
+//! | `OMP_PLACES` | `threads`, `cores`, `sockets` (optional count), or places in braces (`{0,1},{2:2}`) | `threads` |
 //! | `OMP_STACKSIZE` | call stack of a team thread (`512K`, `1M`; a bare number is KiB; at most 1 MiB) | 128 KiB |
 //! | `MENPS_NPROCS` | processes of a job started by [`run`] | [`Builder::processes`], else 1 |
 //! | `MENPS_DSM_*` | the DSM's settings (protocol, heap size, stacks per process …; see menps-dsm); programs of this runtime keep 16384 write notices (`MENPS_DSM_WN_LIST`) and at least 4 stacks per team thread of a process (`MENPS_DSM_STACKS`) unless told otherwise | |
@@ -125,6 +127,7 @@
 
 #![cfg(all(target_os = "linux", target_arch = "x86_64"))]
 
+mod affinity;
 mod error;
 mod loops;
 mod reduce;
@@ -155,6 +158,7 @@ pub use tasks::{TaskScope, task_scope};
 /// package) builds on. Not a stable API.
 #[doc(hidden)]
 pub mod internals {
+    pub use crate::affinity::{Binding, ProcBind, place_num};
     pub use crate::runtime::{
         AfterDsm, Com, ProgramDsm, Runtime, Settings, StartHooks, run_in_job, runtime,
     };

@@ -10,6 +10,7 @@ use menps_dsm::com::{AnyCom, Comm};
 use menps_dsm::dsm::team::Team;
 use menps_dsm::dsm::{Dsm, DsmConfig};
 
+use crate::affinity::{Binding, ProcBind};
 use crate::error::Error;
 use crate::schedule::Schedule;
 use crate::wait::WaitPolicy;
@@ -63,6 +64,10 @@ pub struct Settings {
     pub stack_size: Option<usize>,
     /// `OMP_WAIT_POLICY`.
     pub wait_policy: WaitPolicy,
+    /// `OMP_PROC_BIND`.
+    pub proc_bind: ProcBind,
+    /// `OMP_PLACES`, if set.
+    pub places: Option<String>,
 }
 
 /// A start-up step that runs collectively once the DSM exists.
@@ -192,11 +197,18 @@ impl Builder {
             Some(v) => WaitPolicy::parse(v).unwrap_or(WaitPolicy::Default),
             None => WaitPolicy::Default,
         };
+        let proc_bind = vars::OMP_PROC_BIND
+            .parse_with(ProcBind::parse)
+            .map_err(env)?
+            .unwrap_or_default();
+        let places = vars::OMP_PLACES.text().map_err(env)?;
         Ok(Settings {
             num_threads,
             schedule,
             stack_size,
             wait_policy,
+            proc_bind,
+            places,
         })
     }
 
@@ -319,6 +331,7 @@ fn run_with_dsm<R: Send>(
     let team = Team::new(dsm, tpp)?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     team.set_stay_awake(s.wait_policy.stay_awake(tpp, cpus / dsm.nprocs()));
+    let binding = bind_workers(dsm, &team, s, tpp)?;
     // The program's code runs on the team's workers only, here one.
     let single = team.workers() == 1 && no_program_threads.is_some_and(|f| f());
     dsm.set_single_writer_thread(single);
@@ -334,6 +347,7 @@ fn run_with_dsm<R: Send>(
         active: AtomicUsize::new(0),
         locals: (0..locals).map(|_| LocalSlot::default()).collect(),
         shared_mut: Mutex::new(Vec::new()),
+        binding,
     });
     RUNTIME.store(&*rt as *const Runtime as *mut Runtime, Ordering::Release);
     let out = rt.team.run_main(|| {
@@ -412,6 +426,42 @@ pub struct Runtime {
     /// Work-sharing loops over a `SharedMut` running in this process:
     /// (address, construct).
     pub shared_mut: Mutex<Vec<MutLoop>>,
+    /// How the team's workers are bound (`OMP_PROC_BIND`), if they are.
+    pub binding: Option<Binding>,
+}
+
+/// Binds the team's `tpp` workers as `OMP_PROC_BIND` and `OMP_PLACES` say
+/// (see [`crate::affinity`]).
+fn bind_workers(
+    dsm: &ProgramDsm,
+    team: &Team<'static, Com, OsThreads>,
+    s: &Settings,
+    tpp: usize,
+) -> Result<Option<Binding>, Error> {
+    if s.proc_bind == ProcBind::False {
+        return Ok(None);
+    }
+    let allowed = ct_worker::allowed_cpus().map_err(|e| {
+        Error::Config(format!(
+            "OMP_PROC_BIND: cannot read the processors allowed: {e}"
+        ))
+    })?;
+    let Some(b) = Binding::new(
+        s.proc_bind,
+        s.places.as_deref(),
+        &allowed,
+        dsm.rank(),
+        dsm.nprocs(),
+        tpp,
+    )?
+    else {
+        return Ok(None);
+    };
+    for (i, &p) in b.worker_place.iter().enumerate() {
+        team.bind_worker(i, &b.places[p])
+            .map_err(|e| Error::Config(format!("OMP_PROC_BIND: {e}")))?;
+    }
+    Ok(Some(b))
 }
 
 static RUNTIME: AtomicPtr<Runtime> = AtomicPtr::new(core::ptr::null_mut());

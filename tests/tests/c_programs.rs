@@ -7,9 +7,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use tests::{
-    all_programs, assert_same_as_reference, check_program, compile, compile_linked_to_ours,
-    libgomp_reference, needed_libraries, run_libgomp, run_ours, run_ours_env, run_ours_launcher,
-    run_ours_linked, undefined_symbols,
+    all_programs, assert_same_as_reference, check_program, clean_command, compile,
+    compile_linked_to_ours, libgomp_reference, needed_libraries, run_command, run_libgomp,
+    run_ours, run_ours_env, run_ours_launcher, run_ours_linked, undefined_symbols,
 };
 
 /// Where the compiled programs go.
@@ -43,6 +43,7 @@ const TESTED: &[&str] = &[
     "locks",
     "loop_schedules",
     "old_abi",
+    "proc_bind",
     "program_threads",
     "queries",
     "race_report",
@@ -69,6 +70,45 @@ fn every_program_has_a_test() {
 #[test]
 fn data_sharing() {
     check("data_sharing", 0);
+}
+
+/// `OMP_PROC_BIND` and `OMP_PLACES`: unbound by default; bound as asked,
+/// each team thread on its place only, with libgomp's policy and number of
+/// places — although libgomp's own start-up (the system libgomp is loaded
+/// too) binds the initial thread, which every thread of ours would inherit
+/// (with `close`, every thread ran on one processor). A place list we do
+/// not support stops the program with a message naming `OMP_PLACES`.
+#[test]
+fn proc_bind() {
+    check("proc_bind", 0);
+    let program = compile(out_dir(), "proc_bind", "");
+    let settings: [&[(&str, &str)]; 3] = [
+        &[("OMP_PROC_BIND", "close")],
+        &[("OMP_PROC_BIND", "spread"), ("OMP_PLACES", "cores")],
+        &[("OMP_PROC_BIND", "master,close"), ("OMP_PLACES", "{0}")],
+    ];
+    for env in settings {
+        let mut cmd = clean_command(&program);
+        cmd.env("OMP_NUM_THREADS", "2").envs(env.iter().copied());
+        let reference = run_command(cmd);
+        reference.assert_passed(0);
+        for (processes, threads) in [(1, 2), (2, 1), (4, 1)] {
+            let ours = run_ours_env(&program, &[], processes, threads, env);
+            assert_same_as_reference(&ours, &reference, 0);
+        }
+    }
+    let refused = run_ours_env(
+        &program,
+        &[],
+        1,
+        2,
+        &[("OMP_PROC_BIND", "close"), ("OMP_PLACES", "{0,1}:2:1")],
+    );
+    assert!(
+        !refused.status.success() && refused.stderr.contains("OMP_PLACES"),
+        "an unsupported place list was not refused by name\n{}",
+        refused.report()
+    );
 }
 
 #[test]

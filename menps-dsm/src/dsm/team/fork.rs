@@ -325,6 +325,14 @@ impl<'d, C: Communicator + 'static, U: UltItf> Team<'d, C, U> {
         self.rt.set_stay_awake(t);
     }
 
+    /// Binds this process's team worker `index` to the processors `cpus`
+    /// ([`ct_worker::Runtime::bind_worker`]).
+    pub fn bind_worker(&self, index: usize, cpus: &[usize]) -> DsmResult<()> {
+        self.rt
+            .bind_worker(index, cpus)
+            .map_err(|e| DsmError::Config(e.to_string()))
+    }
+
     /// Forks started so far (on process 0; forks served elsewhere).
     pub fn forks(&self) -> u64 {
         self.forks.load(Ordering::Relaxed)
