@@ -22,7 +22,9 @@
 //!
 //! `OMP_NUM_THREADS` is the team size of all processes together;
 //! `OMP_SCHEDULE`, `OMP_STACKSIZE`, `OMP_WAIT_POLICY`, `OMP_DYNAMIC` and
-//! `OMP_CANCELLATION` are read as libgomp reads them. In a job of several
+//! `OMP_CANCELLATION` are read as libgomp reads them; `OMP_PROC_BIND` and
+//! `OMP_PLACES` bind the team's workers (see [`affinity`] for the system
+//! libgomp's own binding at start-up). In a job of several
 //! processes, `main` runs on process 0 on a DSM call stack, the program's
 //! heap allocations ([`heap`]) and its globals ([`image`]) are DSM memory,
 //! and its locked instructions work on shared data ([`atomics`]); its
