@@ -264,13 +264,17 @@ pub(crate) unsafe fn isend(
     Ok(req)
 }
 
-/// Starts `MPI_Irecv` into `buf` (at most `int` bytes) from `from` with `tag`.
+/// Starts `MPI_Irecv` into `len` bytes at `buf` from `from` with `tag`;
+/// the bytes may be uninitialised (a receive of `len` bytes initialises
+/// them all).
 ///
 /// # Safety
-/// `buf` must stay valid and otherwise unused until the request completes
-/// (or be leaked); `comm` a valid communicator and `from` a rank of it.
-pub(crate) unsafe fn irecv(
-    buf: &mut [u8],
+/// `buf` must be `len` (at most `int`) writable bytes that stay valid and
+/// otherwise unused until the request completes (or are leaked); `comm` a
+/// valid communicator and `from` a rank of it.
+pub(crate) unsafe fn irecv_raw(
+    buf: *mut u8,
+    len: usize,
     from: c_int,
     tag: c_int,
     comm: ffi::MPI_Comm,
@@ -279,8 +283,8 @@ pub(crate) unsafe fn irecv(
     // SAFETY: per the contract.
     check("MPI_Irecv", unsafe {
         ffi::MPI_Irecv(
-            buf.as_mut_ptr().cast::<c_void>(),
-            buf.len() as c_int,
+            buf.cast::<c_void>(),
+            len as c_int,
             byte(),
             from,
             tag,

@@ -426,12 +426,43 @@ impl Server {
                 msg.len()
             )));
         };
+        let tag = c_int::try_from(h.reply_tag)
+            .map_err(|_| Error::Transport(format!("reply tag {}", h.reply_tag)))?;
+        if h.op == Op::Read {
+            // Sent straight from the window, without a copy (an empty reply
+            // if the range is not ours to read).
+            let (src, len) = usize::try_from(h.len)
+                .ok()
+                .filter(|&len| len <= MAX_PIECE)
+                .and_then(|len| {
+                    let at = h.at.with_rank(self.rank);
+                    let p = self.windows.local_ptr(at, len, self.size).ok()?;
+                    Some((p.cast_const(), len))
+                })
+                .unwrap_or((
+                    core::ptr::NonNull::<u8>::dangling().as_ptr().cast_const(),
+                    0,
+                ));
+            // SAFETY: `src` is `len` bytes of our live part of the window
+            // (checked by `local_ptr`; window memory stays mapped until the
+            // communicator ends), or nothing; MPI reads it while window
+            // memory is accessed concurrently by design (as by RMA), without
+            // references to it. Valid communicator and rank (the request's
+            // source).
+            return raw::check("MPI_Send", unsafe {
+                ffi::MPI_Send(
+                    src.cast::<c_void>(),
+                    len as c_int,
+                    raw::byte(),
+                    from,
+                    tag,
+                    self.comm.0,
+                )
+            });
+        }
         let mut out = Vec::new();
         let ok = match h.op {
-            Op::Read => {
-                out = vec![0u8; usize::try_from(h.len).unwrap_or(0).min(MAX_PIECE)];
-                self.apply(&h, &[], &mut out).is_ok()
-            }
+            Op::Read => unreachable!("sent above"),
             Op::Write => self.apply(&h, &msg[HEADER..], &mut []).is_ok(),
             Op::Cas | Op::FetchAdd => match self.apply(&h, &[], &mut []) {
                 Ok(old) => {
@@ -454,8 +485,6 @@ impl Server {
             (true, Op::Write) => &[1],
             (true, _) => &out,
         };
-        let tag = c_int::try_from(h.reply_tag)
-            .map_err(|_| Error::Transport(format!("reply tag {}", h.reply_tag)))?;
         // SAFETY: `reply` lives until the blocking send returns; valid
         // communicator and rank (the request's source).
         raw::check("MPI_Send", unsafe {
@@ -522,7 +551,10 @@ const MAX_IN_FLIGHT: usize = 64;
 struct InFlight {
     rreq: ffi::MPI_Request,
     sreq: ffi::MPI_Request,
+    /// Room for the reply (capacity `reply_len`), its length set once
+    /// received whole.
     reply: Vec<u8>,
+    reply_len: usize,
     msg: Vec<u8>,
     sent: bool,
     got: Option<usize>,
@@ -633,15 +665,25 @@ impl<U: UltItf> MpiCom<U> {
             let mut f = InFlight {
                 rreq: raw::request_null(),
                 sreq: raw::request_null(),
-                reply: vec![0u8; reply_len],
+                // Not zeroed: a read's reply is as long as its data.
+                reply: Vec::with_capacity(reply_len),
+                reply_len,
                 msg,
                 sent: false,
                 got: None,
             };
-            // SAFETY: `f.reply` is a heap buffer that stays where it is
-            // until the receive completes (or is leaked below); valid
-            // communicator and rank.
-            match unsafe { raw::irecv(&mut f.reply, to, reply_tag as c_int, s.comm()) } {
+            // SAFETY: `f.reply` has room for `reply_len` bytes on the heap,
+            // which stay where they are until the receive completes (or are
+            // leaked below); valid communicator and rank.
+            match unsafe {
+                raw::irecv_raw(
+                    f.reply.as_mut_ptr(),
+                    reply_len,
+                    to,
+                    reply_tag as c_int,
+                    s.comm(),
+                )
+            } {
                 Ok(r) => f.rreq = r,
                 Err(e) => {
                     posted = Err(e);
@@ -693,8 +735,8 @@ impl<U: UltItf> MpiCom<U> {
             std::mem::forget(flights);
             return Err(e);
         }
-        for (g, f) in groups.iter().zip(flights) {
-            if f.got != Some(f.reply.len()) {
+        for (g, mut f) in groups.iter().zip(flights) {
+            if f.got != Some(f.reply_len) {
                 let o = &ops[g[0]];
                 let more = if g.len() > 1 {
                     format!(" (one of {} operations in one request)", g.len())
@@ -711,6 +753,9 @@ impl<U: UltItf> MpiCom<U> {
                     o.h.at.offset()
                 )));
             }
+            // SAFETY: the receive completed with `reply_len` bytes, which
+            // it wrote into the buffer's room.
+            unsafe { f.reply.set_len(f.reply_len) };
             let mut at = 0;
             for &k in g {
                 let n = ops[k].reply_len();
