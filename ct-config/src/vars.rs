@@ -484,7 +484,7 @@ pub const OMP_WAIT_POLICY: Var = var(
 pub const OMP_PROC_BIND: Var = var(
     "OMP_PROC_BIND",
     Kind::Custom("false, true, primary (or master), close or spread; a list's first item is used"),
-    "false",
+    "false (true when OMP_PLACES is set)",
     "menps-omp",
     "binds each team worker to a place of OMP_PLACES (close, spread, primary)",
 );

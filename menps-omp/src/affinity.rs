@@ -2,7 +2,8 @@
 //!
 //! Team threads are user-level threads that the team's workers (OS
 //! threads) run, so binding places the **workers**: with `OMP_PROC_BIND`
-//! set to anything but `false`, worker `i` of process `r` is bound to one
+//! set to anything but `false` (or unset, with `OMP_PLACES` set: as
+//! `true`), worker `i` of process `r` is bound to one
 //! place of `OMP_PLACES` (default `threads`: one place per processor the
 //! process may run on), chosen as OpenMP chooses a place for team thread
 //! `r × workers + i` of a team of `processes × workers` threads on one

@@ -108,7 +108,7 @@
 //! | `OMP_NUM_THREADS` | threads of a team, all processes together (a multiple of the processes) | processes × (processors / processes) |
 //! | `OMP_SCHEDULE` | schedule of `Schedule::Runtime` loops (`static`, `dynamic,4`, `guided`, `auto`…) | `static` |
 //! | `OMP_WAIT_POLICY` | `active`: waiting threads yield longer before they sleep, and idle workers stay awake for 1 s; `passive`: they sleep soon | in between: idle workers stay awake for 5 ms when each has a processor of its own |
-//! | `OMP_PROC_BIND` | `close`, `spread`, `primary` or `true`: each team worker (OS thread) bound to a place of `OMP_PLACES`, placed as OpenMP places team thread `rank × workers + i` (team threads normally stay on their worker, but another worker of their process may run one for a while) | `false` |
+//! | `OMP_PROC_BIND` | `close`, `spread`, `primary` or `true`: each team worker (OS thread) bound to a place of `OMP_PLACES`, placed as OpenMP places team thread `rank × workers + i` (team threads normally stay on their worker, but another worker of their process may run one for a while) | `false` (`true` when `OMP_PLACES` is set) |
 //! | `OMP_PLACES` | `threads`, `cores`, `sockets` (optional count), or places in braces (`{0,1},{2:2}`) | `threads` |
 //! | `OMP_STACKSIZE` | call stack of a team thread (`512K`, `1M`; a bare number is KiB; at most 1 MiB) | 128 KiB |
 //! | `MENPS_NPROCS` | processes of a job started by [`run`] | [`Builder::processes`], else 1 |

@@ -197,11 +197,16 @@ impl Builder {
             Some(v) => WaitPolicy::parse(v).unwrap_or(WaitPolicy::Default),
             None => WaitPolicy::Default,
         };
+        let places = vars::OMP_PLACES.text().map_err(env)?;
+        // A place list alone binds (`true`), as OpenMP and libgomp have it.
         let proc_bind = vars::OMP_PROC_BIND
             .parse_with(ProcBind::parse)
             .map_err(env)?
-            .unwrap_or_default();
-        let places = vars::OMP_PLACES.text().map_err(env)?;
+            .unwrap_or(if places.is_some() {
+                ProcBind::True
+            } else {
+                ProcBind::False
+            });
         Ok(Settings {
             num_threads,
             schedule,

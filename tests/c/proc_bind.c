@@ -1,6 +1,7 @@
 /* Thread affinity: OMP_PROC_BIND and OMP_PLACES as the environment sets
- * them. Unbound (OMP_PROC_BIND unset or false): omp_get_proc_bind is
- * omp_proc_bind_false and no thread has a place. Bound: every thread of a
+ * them. Unbound (OMP_PROC_BIND false, or unset without OMP_PLACES):
+ * omp_get_proc_bind is omp_proc_bind_false and no thread has a place.
+ * Bound: every thread of a
  * region runs on a place of the place list, its affinity mask is exactly
  * that place's processors, and the place queries agree with each other.
  * Prints the policy and the number of places (the same with libgomp), then
@@ -37,13 +38,15 @@ static int mask_is_place(int p)
 
 int main(void)
 {
+    /* A place list alone binds, as OMP_PROC_BIND=true. */
     const char *env = getenv("OMP_PROC_BIND");
-    int bound = env != NULL && strcmp(env, "false") != 0;
+    int bound = env != NULL ? strcmp(env, "false") != 0 : getenv("OMP_PLACES") != NULL;
     int policy = omp_get_proc_bind();
     int places = omp_get_num_places();
     printf("proc_bind=%d places=%d\n", policy, places);
 
-    CHECK((policy != omp_proc_bind_false) == bound, "omp_get_proc_bind follows OMP_PROC_BIND");
+    CHECK((policy != omp_proc_bind_false) == bound,
+          "omp_get_proc_bind follows OMP_PROC_BIND (and OMP_PLACES)");
     CHECK(!bound || places >= 1, "bound threads have places");
     CHECK(omp_get_partition_num_places() == places, "the partition is the place list");
     if (places >= 1 && places <= MAXP) {

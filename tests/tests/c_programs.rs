@@ -72,7 +72,8 @@ fn data_sharing() {
     check("data_sharing", 0);
 }
 
-/// `OMP_PROC_BIND` and `OMP_PLACES`: unbound by default; bound as asked,
+/// `OMP_PROC_BIND` and `OMP_PLACES`: unbound by default; bound as asked
+/// (by `OMP_PROC_BIND`, or by `OMP_PLACES` alone),
 /// each team thread on its place only, with libgomp's policy and number of
 /// places — although libgomp's own start-up (the system libgomp is loaded
 /// too) binds the initial thread, which every thread of ours would inherit
@@ -82,10 +83,12 @@ fn data_sharing() {
 fn proc_bind() {
     check("proc_bind", 0);
     let program = compile(out_dir(), "proc_bind", "");
-    let settings: [&[(&str, &str)]; 3] = [
+    let settings: [&[(&str, &str)]; 4] = [
         &[("OMP_PROC_BIND", "close")],
         &[("OMP_PROC_BIND", "spread"), ("OMP_PLACES", "cores")],
         &[("OMP_PROC_BIND", "master,close"), ("OMP_PLACES", "{0}")],
+        // A place list alone binds, as `true`.
+        &[("OMP_PLACES", "threads")],
     ];
     for env in settings {
         let mut cmd = clean_command(&program);
