@@ -58,7 +58,9 @@
 //!   answers: one round trip (an atomic 80 µs, a 1 MiB read 2× faster,
 //!   measured on a loaded machine). Whichever thread of the target polls
 //!   MPI serves — every wait of this backend, and the progress thread when
-//!   nobody else polls. See `served`.
+//!   nobody else polls. Its windows are then our mappings alone (no
+//!   `MPI_Win_create`, no epoch: no MPI one-sided call is ever made on
+//!   them). See `served`.
 //! - **Direct or offloaded** ([`MpiConfig::offload`], `MENPS_MPI_OFFLOAD`):
 //!   *direct*, the calling thread makes the MPI calls itself (legal under
 //!   `MPI_THREAD_MULTIPLE`; waiting for an `Rget` polls `MPI_Test` and

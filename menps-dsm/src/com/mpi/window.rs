@@ -22,6 +22,14 @@
 //!
 //! Both then get `MPI_Win_lock_all(MPI_MODE_NOCHECK)`: one passive-target
 //! epoch for the window's life.
+//!
+//! Under served RMA (see `served`) no MPI one-sided operation is ever made,
+//! so a [`WindowFlavor::Created`] window is our mapping alone: no
+//! `MPI_Win_create` (a collective that duplicates the communicator and sets
+//! up UCX endpoints), no epoch. Across 2 simulated hosts about one job in
+//! 200 under load sat for 10–80 s inside `MPI_Win_create`'s communicator
+//! duplication (one process in `ompi_comm_nextcid`, the other already past
+//! it), which served jobs no longer enter.
 
 use std::os::fd::AsFd;
 use std::os::raw::{c_int, c_void};
@@ -78,7 +86,8 @@ struct Target {
 /// A window as created: freed (collectively) with the communicator.
 struct Created {
     id: u32,
-    win: Handle<ffi::MPI_Win>,
+    /// The MPI window (none under served RMA).
+    win: Option<Handle<ffi::MPI_Win>>,
     /// The memory of a [`WindowFlavor::Created`] window.
     memory: Option<Mapping>,
 }
@@ -135,8 +144,10 @@ impl WindowTable {
     ) -> Result<()> {
         let created = self.created.lock().unwrap_or_else(|e| e.into_inner());
         for c in created.iter() {
-            if self.slots.is_live(c.id) {
-                f(c.win.0)?;
+            if self.slots.is_live(c.id)
+                && let Some(w) = &c.win
+            {
+                f(w.0)?;
             }
         }
         Ok(())
@@ -146,19 +157,17 @@ impl WindowTable {
     /// communicator is dropped, in the same id order).
     pub(crate) fn free_all(&self) {
         let mut created = self.created.lock().unwrap_or_else(|e| e.into_inner());
-        for Created {
-            id,
-            mut win,
-            memory,
-        } in created.drain(..)
-        {
-            if self.slots.slot(id).retire() {
-                // SAFETY: a live window in its lock_all epoch, no RMA in
-                // flight (the communicator is being dropped).
-                unsafe { ffi::MPI_Win_unlock_all(win.0) };
+        for Created { id, win, memory } in created.drain(..) {
+            let live = self.slots.slot(id).retire();
+            if let Some(mut win) = win {
+                if live {
+                    // SAFETY: a live window in its lock_all epoch, no RMA in
+                    // flight (the communicator is being dropped).
+                    unsafe { ffi::MPI_Win_unlock_all(win.0) };
+                }
+                // SAFETY: our window, no longer used.
+                unsafe { ffi::MPI_Win_free(&mut win.0) };
             }
-            // SAFETY: our window, no longer used.
-            unsafe { ffi::MPI_Win_free(&mut win.0) };
             // Our own memory: released, its range kept reserved (stale
             // pointers fault).
             if let Some(m) = memory {
@@ -170,7 +179,8 @@ impl WindowTable {
 
 /// A freshly allocated window, before it is published.
 struct NewWindow {
-    win: ffi::MPI_Win,
+    /// The MPI window (none under served RMA).
+    win: Option<ffi::MPI_Win>,
     /// The local part: page-aligned, `stride` bytes, zero-filled.
     part: *mut u8,
     /// MPI displacement of `part` in this process's part of `win`.
@@ -276,6 +286,16 @@ impl<U: UltItf> MpiCom<U> {
                     NonNull::<u64>::dangling().as_ptr().cast::<u8>(),
                     Mapping::ptr,
                 );
+                if self.server.is_some() {
+                    // Served RMA: our mapping is the whole window.
+                    return Ok(NewWindow {
+                        win: None,
+                        part,
+                        disp: 0,
+                        memory,
+                        failed,
+                    });
+                }
                 let len = if memory.is_some() { stride } else { 0 };
                 // SAFETY: `part` is our own mapping of `len` bytes (or
                 // nothing), which stays mapped until after MPI_Win_free
@@ -309,7 +329,7 @@ impl<U: UltItf> MpiCom<U> {
             ffi::MPI_Win_lock_all(ffi::MPI_MODE_NOCHECK as c_int, win)
         })?;
         Ok(NewWindow {
-            win,
+            win: Some(win),
             part,
             disp,
             memory,
@@ -349,11 +369,14 @@ impl<U: UltItf> Windows for MpiCom<U> {
         let failed = u64::from(new.failed.is_some());
         let all = self.exchange_headers(&mut st, [coll::OP_WIN_CREATE, new.disp as u64, failed])?;
         if let Some(r) = all.iter().position(|h| h[2] != 0) {
-            // SAFETY: the window just created, in its lock_all epoch, never
-            // published (no RMA); every process frees it here, collectively.
-            unsafe {
-                ffi::MPI_Win_unlock_all(new.win);
-                ffi::MPI_Win_free(&mut new.win);
+            if let Some(mut win) = new.win {
+                // SAFETY: the window just created, in its lock_all epoch,
+                // never published (no RMA); every process frees it here,
+                // collectively.
+                unsafe {
+                    ffi::MPI_Win_unlock_all(win);
+                    ffi::MPI_Win_free(&mut win);
+                }
             }
             return Err(new.failed.take().unwrap_or_else(|| {
                 Error::Transport(format!(
@@ -363,7 +386,10 @@ impl<U: UltItf> Windows for MpiCom<U> {
         }
         let disp: Box<[ffi::MPI_Aint]> = all.iter().map(|h| h[1] as ffi::MPI_Aint).collect();
         let slot = self.windows.slots.slot(id);
-        let _ = slot.extra.win.set(Handle(new.win));
+        // SAFETY: reading an MPI constant (the null window: served RMA
+        // never resolves a window for an MPI call).
+        let handle = new.win.unwrap_or(unsafe { ffi::RSMPI_WIN_NULL });
+        let _ = slot.extra.win.set(Handle(handle));
         let _ = slot.extra.disp.set(disp);
         self.windows
             .created
@@ -371,7 +397,7 @@ impl<U: UltItf> Windows for MpiCom<U> {
             .unwrap_or_else(|e| e.into_inner())
             .push(Created {
                 id,
-                win: Handle(new.win),
+                win: new.win.map(Handle),
                 memory: new.memory,
             });
         // SAFETY: our part of a live window: read-write, page-aligned, a
@@ -406,11 +432,13 @@ impl<U: UltItf> Windows for MpiCom<U> {
         let slot = self.windows.slots.slot(id.0);
         let win = slot.extra.win.get().expect("a live window has a handle").0;
         slot.retire();
-        // SAFETY: a live window in its lock_all epoch; every process has
-        // entered destroy_window, hence finished its RMA to it.
-        raw::check("MPI_Win_unlock_all", unsafe {
-            ffi::MPI_Win_unlock_all(win)
-        })?;
+        if self.server.is_none() {
+            // SAFETY: a live window in its lock_all epoch; every process has
+            // entered destroy_window, hence finished its RMA to it.
+            raw::check("MPI_Win_unlock_all", unsafe {
+                ffi::MPI_Win_unlock_all(win)
+            })?;
+        }
         // Stale local pointers fault from now on; the memory itself stays
         // allocated (never reused) until the communicator is dropped, when
         // MPI_Win_free releases it.
