@@ -77,6 +77,7 @@ fn job_entry() {
             } else {
                 drop(served);
                 match name.as_str() {
+                    "late_peer" => scenario_late_peer(&com),
                     "kill9" => scenario_kill9(&com),
                     "finish_early" => scenario_finish_early(com),
                     other => panic!("unknown scenario {other}"),
@@ -121,6 +122,23 @@ fn scenario_kill9<C: Communicator>(com: &C) {
         "rank {}: a wait for the killed rank returned {r:?}",
         com.rank()
     );
+}
+
+/// Rank 1 enters a barrier 3 s after the others: with a 1 s watchdog the
+/// others report their wait (and give up with `MENPS_WATCHDOG_FAIL=1`,
+/// printing `rank r: stalled: …` and exiting with status 4).
+fn scenario_late_peer<C: Communicator>(com: &C) {
+    let me = com.rank();
+    if me == 1 {
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    match com.barrier() {
+        Ok(()) => println!("rank {me}: late peer ok"),
+        Err(e) => {
+            println!("rank {me}: {e}");
+            std::process::exit(4);
+        }
+    }
 }
 
 /// The last rank finishes normally (drops its communicator, finalising
@@ -257,6 +275,44 @@ fn mpi_killed_rank_aborts_the_job_without_hanging() {
         run.dump()
     );
     assert!(run.elapsed < Duration::from_secs(15), "{}", run.dump());
+}
+
+#[test]
+fn mpi_watchdog_reports_a_long_wait() {
+    let run = mpirun_job("late_peer", 2, &[("MENPS_WATCHDOG_SECS", "1")]);
+    assert!(run.status.success(), "{}", run.dump());
+    assert_ranks_said(&run, &run.stdout, [0, 1], |r| {
+        format!("rank {r}: late peer ok")
+    });
+    assert!(
+        run.stderr.contains(
+            "menps: rank 0 has waited 1 s for every other rank (a barrier); still waiting"
+        ),
+        "{}",
+        run.dump()
+    );
+    assert!(
+        !run.stderr.contains("menps: rank 1 has waited"),
+        "{}",
+        run.dump()
+    );
+}
+
+#[test]
+fn mpi_watchdog_can_give_up() {
+    let run = mpirun_job(
+        "late_peer",
+        2,
+        &[("MENPS_WATCHDOG_SECS", "1"), ("MENPS_WATCHDOG_FAIL", "1")],
+    );
+    assert!(!run.status.success(), "{}", run.dump());
+    assert!(
+        run.stdout
+            .contains("rank 0: stalled: rank 0 has waited 1 s for every other rank (a barrier)"),
+        "{}",
+        run.dump()
+    );
+    assert!(run.stderr.contains("giving up"), "{}", run.dump());
 }
 
 #[test]

@@ -55,6 +55,45 @@ impl Watch {
     }
 }
 
+/// Reports a wait that has lasted the watchdog period
+/// (`MENPS_WATCHDOG_SECS`) on standard error, once, in one line: process
+/// `me` has waited `period` for the processes of `watch` (`what` is awaited;
+/// `notes` add what the backend knows, such as stopped peers). Returns the
+/// message, for [`Error::Stalled`](super::Error::Stalled) when the
+/// watchdog is set to fail.
+#[cold]
+pub(crate) fn report_long_wait(
+    me: usize,
+    watch: Watch,
+    period: Duration,
+    what: &str,
+    notes: &[String],
+) -> String {
+    let whom = match watch {
+        Watch::Rank(r) => format!("rank {r}"),
+        Watch::AllOthers(_) => "every other rank".to_string(),
+        Watch::AnyOther => "any other rank".to_string(),
+    };
+    let mut msg = format!(
+        "rank {me} has waited {:.0} s for {whom} ({what})",
+        period.as_secs_f64()
+    );
+    if !notes.is_empty() {
+        msg.push_str(": ");
+        msg.push_str(&notes.join(", "));
+    }
+    let going_on = if crate::launch::watchdog_fails() {
+        "giving up"
+    } else {
+        "still waiting"
+    };
+    // One write, so that other processes' output cannot split the line.
+    let line = format!("menps: {msg}; {going_on}\n");
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    msg
+}
+
 /// Polls `poll` until it gives a value or `limit` has passed (`None`),
 /// backing off between polls with the workspace's back-off, which parks an
 /// OS thread after `yield_rounds` rounds and never sleeps on a worker.

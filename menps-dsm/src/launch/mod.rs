@@ -74,7 +74,7 @@
 //! | `MENPS_PREFIX_OUTPUT` | `1`: prefix every output line with `[rank N] ` | `0` |
 //! | `MENPS_GRACE_MS` | time the other processes get to exit after one failed, before they are killed | `2000` |
 //! | `MENPS_TIMEOUT_SECS` | kill the whole job after this many seconds (exit status 124) | none |
-//! | `MENPS_WATCHDOG_SECS` | a process waiting this long for a peer says which operation and which peers (naming stopped ones); `0`: never | `30` |
+//! | `MENPS_WATCHDOG_SECS` | a process waiting this long for a peer says which operation and which peers (on `shm`, naming stopped ones); `0`: never | `30` |
 //! | `MENPS_WATCHDOG_FAIL` | `1`: such a wait fails with `Error::Stalled` instead of going on | `0` |
 //! | `MENPS_RING_BYTES` | p2p ring per ordered pair of processes (power of two ≥ 128 KiB) | `131072` |
 //! | `MENPS_COLL_CHUNK_BYTES` | collective scratch per process and step | `65536` |

@@ -68,10 +68,11 @@ fn describe(h: &[u64; 3]) -> String {
 impl<U: UltItf> MpiCom<U> {
     /// Waits for a collective's request; on failure the request and `buf`
     /// are abandoned (leaked), since MPI may still write into `buf`.
-    fn finish(&self, mut req: ffi::MPI_Request, buf: Vec<u8>) -> Result<Vec<u8>> {
+    fn finish(&self, mut req: ffi::MPI_Request, buf: Vec<u8>, what: &str) -> Result<Vec<u8>> {
+        let what = || what.to_string();
         // SAFETY: `req` is active and its buffer (`buf`, owned here) stays
         // valid: on success we return it, on failure we leak it.
-        match unsafe { self.wait_request(&mut req, Watch::AllOthers(None)) } {
+        match unsafe { self.wait_request(&mut req, Watch::AllOthers(None), Some(&what)) } {
             Ok(()) => Ok(buf),
             Err(e) => {
                 std::mem::forget(buf);
@@ -87,7 +88,7 @@ impl<U: UltItf> MpiCom<U> {
         raw::check("MPI_Ibarrier", unsafe {
             ffi::MPI_Ibarrier(self.comms.coll.0, &mut req)
         })?;
-        self.finish(req, Vec::new()).map(drop)
+        self.finish(req, Vec::new(), "a barrier").map(drop)
     }
 
     /// Allgather of `len` bytes per process from `src` into a new vector;
@@ -116,7 +117,7 @@ impl<U: UltItf> MpiCom<U> {
                     &mut req,
                 )
             })?;
-            let recv = match self.finish(req, recv) {
+            let recv = match self.finish(req, recv, &format!("an allgather of {len} bytes each")) {
                 Ok(r) => r,
                 Err(e) => {
                     std::mem::forget(send);
@@ -226,7 +227,8 @@ impl<U: UltItf> Coll for MpiCom<U> {
                     &mut req,
                 )
             })?;
-            let tmp = self.finish(req, tmp)?;
+            let what = format!("a broadcast of {} bytes from rank {root}", buf.len());
+            let tmp = self.finish(req, tmp, &what)?;
             if self.rank != root {
                 buf[lo..hi].copy_from_slice(&tmp);
             }

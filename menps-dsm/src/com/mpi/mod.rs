@@ -90,10 +90,12 @@
 //!   preceded (except the barrier) by an exchange of (operation, length,
 //!   root) headers so that mismatches are reported by every process alike
 //!   ([`Error::CollectiveMismatch`]) instead of being undefined behaviour.
-//! - **Waiting** polls for about 20 µs, yields, then sleeps for growing
-//!   intervals (20 µs .. 640 µs) between polls, yielding the user-level
-//!   thread each time, so oversubscribed processes (`mpirun -n 4` on 2
-//!   cores) make progress.
+//! - **Waiting** polls, yields, then parks an OS thread for growing
+//!   intervals (1 µs .. 200 µs) between polls (a user-level thread yields
+//!   instead), so oversubscribed processes (`mpirun -n 4` on 2 cores) make
+//!   progress. A wait for a collective, a served RMA reply or a send that
+//!   lasts longer than `MENPS_WATCHDOG_SECS` is reported once on standard
+//!   error (and fails with [`Error::Stalled`] under `MENPS_WATCHDOG_FAIL=1`).
 //! - **Progress thread**: OpenMPI's `osc ucx` (used between machines) needs
 //!   the target process to enter MPI for passive-target operations to
 //!   progress, and served RMA needs it to serve; a thread calls

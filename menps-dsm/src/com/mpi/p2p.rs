@@ -67,7 +67,8 @@ impl<U: UltItf> Mailbox for MpiCom<U> {
         // SAFETY: `buf` is owned here and outlives the request (kept until it
         // completes, or leaked if we give up); valid communicator and rank.
         let mut req = unsafe { raw::isend(&buf, to as c_int, TAG_MSG, self.comms.p2p.0) }?;
-        let r = self.wait_until(Watch::Rank(to), || {
+        let what = || format!("the send of a message of {} bytes (tag {tag})", data.len());
+        let r = self.wait_until(Watch::Rank(to), Some(&what), || {
             // SAFETY: `req` is active and `buf` alive.
             if unsafe { raw::test(&mut req) }? {
                 return Ok(Some(()));
@@ -86,6 +87,6 @@ impl<U: UltItf> Mailbox for MpiCom<U> {
     }
 
     fn wait_for<T>(&self, watch: Watch, poll: impl FnMut() -> Result<Option<T>>) -> Result<T> {
-        self.wait_until(watch, poll)
+        self.wait_until(watch, None, poll)
     }
 }

@@ -713,7 +713,21 @@ impl<U: UltItf> MpiCom<U> {
         } else {
             Watch::AllOthers(None)
         };
-        let r = self.wait_until(watch, || {
+        let what = || {
+            let o = &ops[0];
+            let more = if ops.len() > 1 {
+                format!(" and {} more", ops.len() - 1)
+            } else {
+                String::new()
+            };
+            format!(
+                "the reply to a served {:?} of {} bytes at rank {}{more}",
+                o.h.op,
+                o.h.len,
+                o.h.at.rank()
+            )
+        };
+        let r = self.wait_until(watch, Some(&what), || {
             let mut all = true;
             for f in flights.iter_mut() {
                 if !f.sent {

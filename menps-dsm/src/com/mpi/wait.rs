@@ -9,7 +9,7 @@ use ::mpi::ffi;
 use ct_worker::UltItf;
 
 use super::{MpiCom, raw};
-use crate::com::wait::Watch;
+use crate::com::wait::{Watch, report_long_wait};
 use crate::com::{Error, Result};
 
 /// Yield rounds of a wait before it parks (an OS thread; a worker thread
@@ -28,14 +28,22 @@ const DEPARTURE_GRACE: Duration = Duration::from_millis(500);
 
 impl<U: UltItf> MpiCom<U> {
     /// Polls until `poll` gives a value or an error, or `watch` says it
-    /// never will (after [`DEPARTURE_GRACE`]).
+    /// never will (after [`DEPARTURE_GRACE`]). A wait longer than the
+    /// watchdog period (`MENPS_WATCHDOG_SECS`) is reported once, naming
+    /// `what` is awaited (`None`: a wait that may last as long as the
+    /// program likes, such as for a lock's hand-off), and fails with
+    /// [`Error::Stalled`] if the watchdog is set to fail.
     pub(crate) fn wait_until<T>(
         &self,
         watch: Watch,
+        what: Option<&dyn Fn() -> String>,
         mut poll: impl FnMut() -> Result<Option<T>>,
     ) -> Result<T> {
         let mut backoff = backoff();
         let mut failed_at: Option<(Instant, Error)> = None;
+        // When the wait stopped spinning, until it has been reported.
+        let mut slow_since: Option<Instant> = None;
+        let mut reported = false;
         loop {
             if let Some(v) = poll()? {
                 return Ok(v);
@@ -52,6 +60,19 @@ impl<U: UltItf> MpiCom<U> {
             }
             super::progress::note_poll();
             if !backoff.is_spinning() {
+                if !reported
+                    && let Some(what) = what
+                    && let Some(period) = crate::launch::watchdog_period()
+                {
+                    let now = Instant::now();
+                    if now - *slow_since.get_or_insert(now) >= period {
+                        reported = true;
+                        let msg = report_long_wait(self.rank, watch, period, &what(), &[]);
+                        if crate::launch::watchdog_fails() {
+                            return Err(Error::Stalled(msg));
+                        }
+                    }
+                }
                 match &failed_at {
                     Some((t, e)) if t.elapsed() >= DEPARTURE_GRACE => return Err(e.clone()),
                     Some(_) => {}
@@ -76,8 +97,11 @@ impl<U: UltItf> MpiCom<U> {
         &self,
         req: &mut ffi::MPI_Request,
         watch: Watch,
+        what: Option<&dyn Fn() -> String>,
     ) -> Result<()> {
-        // SAFETY: per the contract.
-        self.wait_until(watch, || unsafe { raw::test(req) }.map(|d| d.then_some(())))
+        self.wait_until(watch, what, || {
+            // SAFETY: per the contract.
+            unsafe { raw::test(req) }.map(|d| d.then_some(()))
+        })
     }
 }

@@ -265,30 +265,6 @@ impl<U: UltItf> ShmCom<U> {
                 matches!(state, 'T' | 't').then(|| format!("rank {r} (pid {pid}) is stopped"))
             })
             .collect();
-        let whom = match watch {
-            Watch::Rank(r) => format!("rank {r}"),
-            Watch::AllOthers(_) => "every other rank".to_string(),
-            Watch::AnyOther => "any other rank".to_string(),
-        };
-        let mut msg = format!(
-            "rank {} has waited {:.0} s for {whom} ({})",
-            self.rank,
-            period.as_secs_f64(),
-            what()
-        );
-        if !stopped.is_empty() {
-            msg.push_str(": ");
-            msg.push_str(&stopped.join(", "));
-        }
-        let going_on = if crate::launch::watchdog_fails() {
-            "giving up"
-        } else {
-            "still waiting"
-        };
-        // One write, so that other processes' output cannot split the line.
-        let line = format!("menps: {msg}; {going_on}\n");
-        use std::io::Write;
-        let _ = std::io::stderr().write_all(line.as_bytes());
-        msg
+        crate::com::wait::report_long_wait(self.rank, watch, period, &what(), &stopped)
     }
 }
