@@ -26,10 +26,11 @@
 //! Under served RMA (see `served`) no MPI one-sided operation is ever made,
 //! so a [`WindowFlavor::Created`] window is our mapping alone: no
 //! `MPI_Win_create` (a collective that duplicates the communicator and sets
-//! up UCX endpoints), no epoch. Across 2 simulated hosts about one job in
-//! 200 under load sat for 10–80 s inside `MPI_Win_create`'s communicator
-//! duplication (one process in `ompi_comm_nextcid`, the other already past
-//! it), which served jobs no longer enter.
+//! up UCX endpoints), no epoch. Across 2 simulated hosts about one DSM job
+//! in 300 on a quiet machine (more under load) sat for 10–80 s inside
+//! `MPI_Win_create`'s communicator duplication (one process in
+//! `ompi_comm_nextcid`, the other already past it), which served jobs no
+//! longer enter.
 
 use std::os::fd::AsFd;
 use std::os::raw::{c_int, c_void};
