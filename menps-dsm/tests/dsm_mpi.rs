@@ -40,8 +40,8 @@
 //!   increments (4 processes), atomic increments, a single writer through a
 //!   mutex and ULT faults;
 //! - across 2 simulated hosts (`tests/multihost`, ignored unless asked for,
-//!   as root; not in CI yet, see the README): every scenario once but the
-//!   ULT one, over 25 µs of modelled latency.
+//!   as root; CI runs it): every scenario once, over 25 µs of modelled
+//!   latency.
 //!
 //! The heap, `DsmBox`/`DsmVec` and `dsm_global!` run under `mpirun` in
 //! `dsm_heap.rs` (`heap_typed_and_globals_under_mpirun`, with the `mpi`
