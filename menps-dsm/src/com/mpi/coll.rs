@@ -68,11 +68,17 @@ fn describe(h: &[u64; 3]) -> String {
 impl<U: UltItf> MpiCom<U> {
     /// Waits for a collective's request; on failure the request and `buf`
     /// are abandoned (leaked), since MPI may still write into `buf`.
-    fn finish(&self, mut req: ffi::MPI_Request, buf: Vec<u8>, what: &str) -> Result<Vec<u8>> {
-        let what = || what.to_string();
+    /// `what` names the collective for the watchdog (called only if it
+    /// reports).
+    fn finish(
+        &self,
+        mut req: ffi::MPI_Request,
+        buf: Vec<u8>,
+        what: &dyn Fn() -> String,
+    ) -> Result<Vec<u8>> {
         // SAFETY: `req` is active and its buffer (`buf`, owned here) stays
         // valid: on success we return it, on failure we leak it.
-        match unsafe { self.wait_request(&mut req, Watch::AllOthers(None), Some(&what)) } {
+        match unsafe { self.wait_request(&mut req, Watch::AllOthers(None), Some(what)) } {
             Ok(()) => Ok(buf),
             Err(e) => {
                 std::mem::forget(buf);
@@ -88,7 +94,8 @@ impl<U: UltItf> MpiCom<U> {
         raw::check("MPI_Ibarrier", unsafe {
             ffi::MPI_Ibarrier(self.comms.coll.0, &mut req)
         })?;
-        self.finish(req, Vec::new(), "a barrier").map(drop)
+        self.finish(req, Vec::new(), &|| "a barrier".into())
+            .map(drop)
     }
 
     /// Allgather of `len` bytes per process from `src` into a new vector;
@@ -117,7 +124,8 @@ impl<U: UltItf> MpiCom<U> {
                     &mut req,
                 )
             })?;
-            let recv = match self.finish(req, recv, &format!("an allgather of {len} bytes each")) {
+            let what = || format!("an allgather of {len} bytes each");
+            let recv = match self.finish(req, recv, &what) {
                 Ok(r) => r,
                 Err(e) => {
                     std::mem::forget(send);
@@ -227,7 +235,8 @@ impl<U: UltItf> Coll for MpiCom<U> {
                     &mut req,
                 )
             })?;
-            let what = format!("a broadcast of {} bytes from rank {root}", buf.len());
+            let total = buf.len();
+            let what = || format!("a broadcast of {total} bytes from rank {root}");
             let tmp = self.finish(req, tmp, &what)?;
             if self.rank != root {
                 buf[lo..hi].copy_from_slice(&tmp);
