@@ -230,6 +230,15 @@ pub const MENPS_DSM_DIRTY_SCAN: Var = var(
     "releases learn which blocks were written from the kernel's record of writes (Linux 6.7+ \
      userfaultfd asynchronous write protection) instead of comparing idle blocks with their twins",
 );
+/// The smallest write set a release fence asks the kernel about.
+pub const MENPS_DSM_DIRTY_SCAN_MIN: Var = var(
+    "MENPS_DSM_DIRTY_SCAN_MIN",
+    SIZE,
+    "1M",
+    "menps-dsm",
+    "a release fence asks the kernel which listed blocks were written only when they total at \
+     least this many bytes; a smaller write set is compared (0: always ask)",
+);
 /// Acquires that refresh a hot block's stale copy in place.
 pub const MENPS_DSM_REFRESH: Var = var(
     "MENPS_DSM_REFRESH",
@@ -556,6 +565,7 @@ pub const ALL: &[Var] = &[
     MENPS_DSM_PREFETCH,
     MENPS_DSM_PARTIAL_READ,
     MENPS_DSM_DIRTY_SCAN,
+    MENPS_DSM_DIRTY_SCAN_MIN,
     MENPS_DSM_REFRESH,
     MENPS_DSM_PIN_SHARED,
     MENPS_DSM_RACE_DETECTION,

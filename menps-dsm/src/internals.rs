@@ -25,3 +25,15 @@ where
 {
     dsm.flush_publishing_during(f)
 }
+
+/// Whether this process's releases may learn from the kernel which pages
+/// were written (dirty scans on, and the kernel keeps the record): tests
+/// use it to tell a scan that should have happened from one the kernel
+/// cannot make.
+pub fn tracks_writes<C, U>(dsm: &crate::dsm::Dsm<C, U>) -> bool
+where
+    C: crate::com::Communicator + 'static,
+    U: ct_worker::UltItf,
+{
+    dsm.tracks_writes()
+}

@@ -141,8 +141,21 @@ fn prefetched_block_invalidated_before_use_is_never_stale_all_policies() {
 
 #[test]
 fn writes_to_blocks_a_dirty_scan_armed_are_never_lost_all_policies() {
-    run_everywhere("dirty_scan", &[2, 3]);
+    // The scenario's write sets are under the default threshold.
+    let every_fence = ("MENPS_DSM_DIRTY_SCAN_MIN", "0");
+    run_everywhere_with("dirty_scan", &[2, 3], &[every_fence]);
+    run_everywhere("dirty_scan", &[2]);
     run_everywhere_with("dirty_scan", &[2], &[("MENPS_DSM_DIRTY_SCAN", "0")]);
+}
+
+#[test]
+fn only_write_sets_over_the_threshold_are_scanned_all_policies() {
+    run_everywhere("dirty_scan_threshold", &[2, 3]);
+    run_everywhere_with(
+        "dirty_scan_threshold",
+        &[2],
+        &[("MENPS_DSM_DIRTY_SCAN_MIN", "4M")],
+    );
 }
 
 #[test]

@@ -100,6 +100,15 @@ pub struct DsmConfig {
     /// idle block with its twin. Elsewhere (and for call stacks) releases
     /// compare, as with this off.
     pub dirty_scan: bool,
+    /// The smallest write set (bytes of listed blocks on segments the
+    /// kernel tracks) for which a release fence makes dirty scans; a
+    /// smaller one is compared. In the cache, comparing an idle block
+    /// costs less than the scan's system call, and a scan leaves the pages
+    /// it covers write-protected, so the next write to each takes a fault
+    /// in the kernel: a code that rewrites a few arrays between frequent
+    /// barriers would pay that fault on almost every page at every barrier.
+    /// 0: every fence with listed blocks scans.
+    pub dirty_scan_min: usize,
     /// Refresh of hot blocks: a block whose copy an acquire dropped and the
     /// program then read again is *hot*; the next this many acquires that
     /// find its copy stale fetch the new version into it in place (all of
@@ -158,6 +167,7 @@ impl Default for DsmConfig {
             prefetch_bytes: 256 * 1024,
             partial_reads: true,
             dirty_scan: true,
+            dirty_scan_min: 1 << 20,
             refreshes: 8,
             pin_shared: true,
             race_detection: true,
@@ -196,6 +206,7 @@ pub struct DsmConfigBuilder {
     prefetch_bytes: Option<usize>,
     partial_reads: Option<bool>,
     dirty_scan: Option<bool>,
+    dirty_scan_min: Option<usize>,
     refreshes: Option<u8>,
     pin_shared: Option<bool>,
     race_detection: Option<bool>,
@@ -251,6 +262,9 @@ impl DsmConfigBuilder {
         /// Dirty scans instead of idle comparisons where the kernel allows
         /// (wins over `MENPS_DSM_DIRTY_SCAN`).
         dirty_scan: bool,
+        /// The smallest write set a release fence scans, in bytes (wins
+        /// over `MENPS_DSM_DIRTY_SCAN_MIN`).
+        dirty_scan_min: usize,
         /// Acquires that refresh a hot block in place, 0: off (wins over
         /// `MENPS_DSM_REFRESH`).
         refreshes: u8,
@@ -358,6 +372,11 @@ impl DsmConfigBuilder {
                 self.dirty_scan,
                 || vars::MENPS_DSM_DIRTY_SCAN.flag(),
                 b.dirty_scan,
+            )?,
+            dirty_scan_min: pick(
+                self.dirty_scan_min,
+                || vars::MENPS_DSM_DIRTY_SCAN_MIN.size(),
+                b.dirty_scan_min,
             )?,
             refreshes: pick(
                 self.refreshes,

@@ -91,7 +91,12 @@
 //!   idle without a comparison. Writes through the DSM's own view are not
 //!   noted, so a block the protocol itself changed is compared once more;
 //!   call stacks are always compared. Without the kernel feature, releases
-//!   compare.
+//!   compare. So does a fence whose listed blocks total less than
+//!   `MENPS_DSM_DIRTY_SCAN_MIN` (1 MiB by default): such a write set is in
+//!   the cache, where comparing costs less than the scan's system call and
+//!   the fault that each page it protected again takes at its next write
+//!   (an ADI-style solver rewriting a few small arrays between barriers
+//!   took a fault on nearly every page at every barrier).
 //! - **Refresh of hot blocks** (`MENPS_DSM_REFRESH`, on by default): a block
 //!   that an acquire dropped and the program then read again — one
 //!   process's part of an array the others read after every barrier, the
@@ -450,6 +455,11 @@ impl<C: Communicator + 'static, U: UltItf> Dsm<C, U> {
             sp: caller_sp,
             prev,
         }
+    }
+
+    /// See [`crate::internals::tracks_writes`].
+    pub(crate) fn tracks_writes(&self) -> bool {
+        self.space.tracks_writes()
     }
 
     /// See [`crate::internals::flush_publishing_during`].

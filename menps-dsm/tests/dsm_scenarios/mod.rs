@@ -6,7 +6,7 @@
 
 use ct_worker::OsThreads;
 use menps_dsm::com::AnyCom;
-use menps_dsm::dsm::{Dsm, WriterPolicy};
+use menps_dsm::dsm::{Dsm, InvalidationPolicy, WriterPolicy};
 
 use super::common::SCENARIO;
 
@@ -62,6 +62,7 @@ pub fn job_entry() {
         "hot_refresh" => hot_refresh(&dsm),
         "partial_reads" => partial_reads(&dsm),
         "dirty_scan" => dirty_scan(&dsm),
+        "dirty_scan_threshold" => dirty_scan_threshold(&dsm),
         "barrier_after_touch" => barrier_after_touch(&dsm),
         "race" => race(&dsm),
         "races_reported" => races_reported(&dsm),
@@ -1001,6 +1002,91 @@ fn dirty_scan(dsm: &D) {
         assert!(
             known > 0,
             "process {me}: {scans} scans, no idle release known from one"
+        );
+    }
+    dsm.barrier().unwrap();
+}
+
+/// The dirty scans' threshold (`MENPS_DSM_DIRTY_SCAN_MIN`, 1 MiB by
+/// default): a release fence whose listed blocks total less compares them
+/// and asks the kernel nothing; one whose listed blocks reach it scans them
+/// (where the kernel keeps the record) and knows idle blocks from the scan.
+/// Every process writes one word of each of 16 blocks of its part of a
+/// segment of 4 KiB blocks (64 KiB), then of each of 512 (2 MiB); after
+/// each, two barriers (at the second every block is idle), then every
+/// process checks every process's words.
+fn dirty_scan_threshold(dsm: &D) {
+    const BLOCK: usize = 4096;
+    const PART: usize = 512;
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let base = dsm.alloc_segment(n * PART * BLOCK, BLOCK).unwrap() as *mut u64;
+    let at = |q: usize, b: usize| (q * PART + b) * BLOCK / 8;
+    // (scans, idle releases known from one) of a phase writing `blocks`.
+    let phase = |blocks: usize, seed: u64| {
+        let before = dsm.stats();
+        for b in 0..blocks {
+            // SAFETY: word 0 of block `b` of our part, which only we write.
+            unsafe { base.add(at(me, b)).write(word(seed, b)) };
+        }
+        dsm.barrier().unwrap();
+        dsm.barrier().unwrap();
+        let after = dsm.stats();
+        for q in 0..n {
+            for b in 0..blocks {
+                // SAFETY: inside the segment; written before the barriers.
+                let v = unsafe { base.add(at(q, b)).read() };
+                assert_eq!(v, word(seed, b), "process {me}: block {b} of process {q}");
+            }
+        }
+        dsm.barrier().unwrap();
+        (
+            after.dirty_scans - before.dirty_scans,
+            after.scanned_idle - before.scanned_idle,
+        )
+    };
+    let small = phase(16, 1);
+    let large = phase(PART, 2);
+    let min = dsm.config().dirty_scan_min;
+    let tracks = menps_dsm::internals::tracks_writes(dsm);
+    if min > 16 * BLOCK {
+        assert_eq!(
+            small,
+            (0, 0),
+            "process {me}: scans of a write set under the threshold ({min} bytes)"
+        );
+    }
+    if min > PART * BLOCK {
+        assert_eq!(
+            large,
+            (0, 0),
+            "process {me}: scans of a write set under the threshold ({min} bytes)"
+        );
+    } else if tracks {
+        assert!(
+            large.0 > 0,
+            "process {me}: no scan of a write set of {} bytes (threshold {min})",
+            PART * BLOCK
+        );
+        // (A fixed home's other processes merge at its copy every release,
+        // fast read compares no idle block, and the acquire of a timestamp
+        // or directory policy may drop our copies between the barriers.)
+        let cfg = dsm.config();
+        if cfg.writer == WriterPolicy::Floating
+            && cfg.invalidation == InvalidationPolicy::Hybrid
+            && !cfg.fast_read
+        {
+            assert!(
+                large.1 > 0,
+                "process {me}: {} scans, no idle release known from one",
+                large.0
+            );
+        }
+    }
+    if !tracks {
+        assert_eq!(
+            (small, large),
+            ((0, 0), (0, 0)),
+            "process {me}: scans without a record"
         );
     }
     dsm.barrier().unwrap();

@@ -491,6 +491,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         })
     }
 
+    /// Whether the kernel keeps a record of writes for this process's
+    /// dirty scans (see [`super::dirty`]).
+    pub(crate) fn tracks_writes(&self) -> bool {
+        self.dirty.is_some()
+    }
+
     pub(crate) fn sync_state(&self) -> &SyncState<U> {
         &self.sync
     }

@@ -111,13 +111,14 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// is made writable again and stays listed, dirty: it is released at
     /// the next fence, as a write made during this one may be (on a tracked
     /// segment, the kernel's record of writes tells which blocks were
-    /// written, without comparing the armed ones). The blocks that stay
-    /// listed go to `keep`; `run` is emptied.
+    /// written, without comparing the armed ones, if `look`: the fence
+    /// scanned). The blocks that stay listed go to `keep`; `run` is emptied.
     fn protect_idle_run(
         &self,
         seg: &Segment<U>,
         run: &mut Vec<IdleBlock<'_, U>>,
         keep: &mut Vec<usize>,
+        look: bool,
     ) -> DsmResult<()> {
         let Some(&(_, first, _)) = run.first() else {
             return Ok(());
@@ -135,7 +136,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if let Some(t) = self
             .dirty
             .as_ref()
-            .filter(|_| seg.tracked && len >= SCAN_MIN_BYTES)
+            .filter(|_| look && seg.tracked && len >= SCAN_MIN_BYTES)
         {
             bump(&self.stats.dirty_scans);
             if t.written(start, start + len, &mut now.written).is_ok() {
@@ -217,7 +218,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// segments were written since they were last armed, a run of
     /// contiguous blocks at a time; the runs are armed again as they are
     /// scanned (see [`DirtyTracker::written_and_protect`]). Runs shorter
-    /// than [`SCAN_MIN_BYTES`] are left to comparisons.
+    /// than [`SCAN_MIN_BYTES`], and every block when they total less than
+    /// `DsmConfig::dirty_scan_min` bytes, are left to comparisons.
     ///
     /// Arming every listed block, also the ones written in this interval,
     /// costs a block written again in the next one a fault in the kernel
@@ -226,6 +228,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// comparing it. (Arming only blocks already found idle once left a
     /// third of the multigrid kernel's comparisons, and was no faster.)
     fn scan_listed(&self, t: &DirtyTracker, blocks: &[usize], out: &mut ScanResult) {
+        let tracked_bytes: usize = blocks
+            .iter()
+            .filter_map(|&a| self.locate(a))
+            .filter(|(seg, _)| seg.tracked)
+            .map(|(seg, _)| seg.block_size)
+            .sum();
+        if tracked_bytes < self.cfg.dirty_scan_min {
+            return;
+        }
         // (segment, start, end) of the run being gathered.
         let mut run: Option<(usize, usize, usize)> = None;
         for &a in blocks {
@@ -283,6 +294,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         keep: &mut Vec<usize>,
     ) -> DsmResult<()> {
         let mut result = Ok(());
+        // Idle runs look at the kernel's record only at a fence that
+        // scanned: below `DsmConfig::dirty_scan_min` the write set is
+        // compared, the idle runs' blocks too.
+        let look = !scan.covered.is_empty();
         let mut run: Vec<IdleBlock<'_, U>> = Vec::new();
         let mut run_seg: Option<&Segment<U>> = None;
         for &addr in blocks {
@@ -303,7 +318,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 && (!core::ptr::eq(rs, seg) || run.last().map(|r| r.1 + 1) != Some(idx))
             {
                 run_seg = None;
-                if let Err(e) = self.protect_idle_run(rs, &mut run, keep) {
+                if let Err(e) = self.protect_idle_run(rs, &mut run, keep, look) {
                     keep.push(addr);
                     result = Err(e);
                     continue;
@@ -334,7 +349,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             }
         }
         if let Some(rs) = run_seg {
-            let r = self.protect_idle_run(rs, &mut run, keep);
+            let r = self.protect_idle_run(rs, &mut run, keep, look);
             if result.is_ok() {
                 result = r;
             }
