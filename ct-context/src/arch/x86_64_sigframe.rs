@@ -109,8 +109,8 @@ pub unsafe fn fault_is_write(uctx: *const libc::c_void) -> bool {
 /// returns, the interrupted instruction runs again (so `f` should have made
 /// it succeed, or the signal comes again).
 ///
-/// Everything up to the switch (copying the kernel's frame, one
-/// `sigaltstack` query) is allocation-free and async-signal-safe. `f` runs
+/// Everything up to the switch (copying the kernel's frame) is
+/// allocation-free and async-signal-safe, and makes no system call. `f` runs
 /// with the signal mask the handler runs with (for the handler of
 /// [`crate::trap`], installed with `SA_NODEFER` and an empty `sa_mask`, the
 /// interrupted code's own); the interrupted code resumes with the mask in
@@ -158,15 +158,18 @@ pub unsafe fn run_on_interrupted_stack_with<F: FnOnce(*mut libc::ucontext_t)>(
     let interrupted_sp = unsafe { (*uc).uc_mcontext.gregs[libc::REG_RSP as usize] } as usize;
     let here_marker = 0u8;
     let here = &raw const here_marker as usize;
-    // SAFETY: `stack_t` is plain data; querying the alternate stack is
-    // async-signal-safe and writes only `ss`.
-    let ss = unsafe {
-        let mut ss: libc::stack_t = core::mem::zeroed();
-        libc::sigaltstack(core::ptr::null(), &mut ss);
-        ss
+    // The thread's alternate stack as the kernel saved it in the frame when
+    // the signal came (no system call): the handler runs on it if it lies
+    // there. (A query here would report it disabled while a handler runs
+    // on a stack installed with `SS_AUTODISARM`.)
+    // SAFETY: per the contract `uc` is the kernel's live `ucontext`.
+    let ss = unsafe { (*uc).uc_stack };
+    let alt = if ss.ss_flags & libc::SS_DISABLE != 0 {
+        0..0
+    } else {
+        ss.ss_sp as usize..ss.ss_sp as usize + ss.ss_size
     };
-    let on_alt = ss.ss_flags & libc::SS_ONSTACK != 0;
-    let alt = ss.ss_sp as usize..ss.ss_sp as usize + ss.ss_size;
+    let on_alt = alt.contains(&here);
     if on_alt && alt.contains(&interrupted_sp) {
         return InterruptedOnAltStack;
     }
