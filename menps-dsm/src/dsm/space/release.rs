@@ -228,17 +228,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// comparing it. (Arming only blocks already found idle once left a
     /// third of the multigrid kernel's comparisons, and was no faster.)
     fn scan_listed(&self, t: &DirtyTracker, blocks: &[usize], out: &mut ScanResult) {
-        let tracked_bytes: usize = blocks
-            .iter()
-            .filter_map(|&a| self.locate(a))
-            .filter(|(seg, _)| seg.tracked)
-            .map(|(seg, _)| seg.block_size)
-            .sum();
-        if tracked_bytes < self.cfg.dirty_scan_min {
-            return;
-        }
+        // The runs of contiguous tracked blocks (start, end), gathered
+        // before any is scanned: their total decides.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
         // (segment, start, end) of the run being gathered.
         let mut run: Option<(usize, usize, usize)> = None;
+        let mut tracked_bytes = 0;
         for &a in blocks {
             let Some((seg, _)) = self.locate(a) else {
                 continue;
@@ -246,18 +241,21 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             if !seg.tracked {
                 continue;
             }
+            tracked_bytes += seg.block_size;
             match &mut run {
                 Some((id, _, end)) if *id == seg.id && *end == a => *end += seg.block_size,
                 _ => {
-                    if let Some(r) = run.take() {
-                        self.scan_run(t, r.1, r.2, out);
-                    }
+                    runs.extend(run.take().map(|r| (r.1, r.2)));
                     run = Some((seg.id, a, a + seg.block_size));
                 }
             }
         }
-        if let Some(r) = run {
-            self.scan_run(t, r.1, r.2, out);
+        runs.extend(run.map(|r| (r.1, r.2)));
+        if tracked_bytes < self.cfg.dirty_scan_min {
+            return;
+        }
+        for (start, end) in runs {
+            self.scan_run(t, start, end, out);
         }
     }
 
