@@ -9,7 +9,7 @@ use crate::com::{Error, MAX_MESSAGE_BYTES, Result};
 use crate::sys::{self, round_up};
 
 pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"MENPSCT1");
-pub(super) const VERSION: u32 = 4;
+pub(super) const VERSION: u32 = 5;
 
 /// Largest supported process count.
 pub const MAX_PROCS: usize = 256;
@@ -31,6 +31,14 @@ pub(crate) mod state {
 /// A value alone on its (pair of) cache line(s).
 #[repr(C, align(128))]
 pub(crate) struct Line<T>(pub T);
+
+impl<T> core::ops::Deref for Line<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
 
 #[repr(C)]
 pub(super) struct Header {
@@ -57,18 +65,17 @@ pub(super) struct Header {
     pub(super) barrier_release: Line<AtomicU32>,
 }
 
-/// Per-process slot.
+/// Per-process slot. The words written while the job runs — at every
+/// barrier, sleep or ring — have lines of their own: every waiting process
+/// reads every peer's `state` at each poll (to notice a peer that left),
+/// and a line shared with a word its owner stores at every barrier cost
+/// each of them a miss per barrier, and the owner's store a miss too.
 #[repr(C, align(128))]
 pub(crate) struct RankSlot {
     /// One of [`state`].
     pub state: AtomicU32,
     /// Process id (written by the launcher).
     pub pid: AtomicU32,
-    /// Futex word bumped by [`Control::notify`](super::Control::notify).
-    pub doorbell: AtomicU32,
-    /// Threads of the process sleeping on the doorbell (or parked until its
-    /// watcher sees it ring).
-    pub sleepers: AtomicU32,
     /// 1 + how many processes had ended before this one (0 while running).
     pub ended_seq: AtomicU32,
     /// 1 once the process has joined the job (its communicator exists).
@@ -77,13 +84,18 @@ pub(crate) struct RankSlot {
     /// ([`Control::claim_report`](super::Control::claim_report)): a launcher
     /// the program started itself then adds nothing when it ends.
     pub reported: AtomicU32,
+    /// Futex word bumped by [`Control::notify`](super::Control::notify).
+    pub doorbell: Line<AtomicU32>,
+    /// Threads of the process sleeping on the doorbell (or parked until its
+    /// watcher sees it ring).
+    pub sleepers: Line<AtomicU32>,
     /// Dissemination barrier (`BarrierKind::Dissemination`): word `k` holds the number of the latest
     /// barrier whose round `k` signal reached this process (written by the
     /// peer `2^k` ranks below it).
-    pub arrivals: [AtomicU32; BARRIER_ROUNDS],
+    pub arrivals: Line<[AtomicU32; BARRIER_ROUNDS]>,
     /// The number of the latest barrier this process passed (a process
     /// that leaves the job right after a barrier did not leave it early).
-    pub passed: AtomicU32,
+    pub passed: Line<AtomicU32>,
 }
 
 /// Rounds of the dissemination barrier for [`MAX_PROCS`] processes.
