@@ -236,6 +236,15 @@ impl<U: UltItf> Coll for AnyCom<U> {
     fn allgather_into(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
         dispatch!(self, c => c.allgather_into(src, dst))
     }
+    fn allgather_prefix_into(
+        &self,
+        src: &[u8],
+        head: usize,
+        used: &dyn Fn(&[u8]) -> usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        dispatch!(self, c => c.allgather_prefix_into(src, head, used, dst))
+    }
 }
 
 #[cfg(test)]

@@ -320,6 +320,25 @@ pub trait Coll: Comm {
     /// ordered by rank; `dst.len()` must be `size() * src.len()`.
     fn allgather_into(&self, src: &[u8], dst: &mut [u8]) -> Result<()>;
 
+    /// [`Coll::allgather_into`] of records of which only a prefix may
+    /// matter: `used(first)`, given the first `head` bytes of a process's
+    /// record (`head <= src.len()`), says how many bytes of it the caller
+    /// will read (at least `head`; more than `src.len()` counts as all).
+    /// Each process's record arrives in `dst` up to that length at least;
+    /// the bytes after it are unspecified. A backend that reads peers'
+    /// records in place (shm) copies only the prefixes, and touches fewer
+    /// cache lines of them; the others copy everything.
+    fn allgather_prefix_into(
+        &self,
+        src: &[u8],
+        head: usize,
+        used: &dyn Fn(&[u8]) -> usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let _ = (head, used);
+        self.allgather_into(src, dst)
+    }
+
     /// [`Coll::allgather_into`] into a new vector.
     fn allgather(&self, src: &[u8]) -> Result<Vec<u8>> {
         let mut dst = vec![0u8; src.len() * self.size()];

@@ -892,14 +892,36 @@ impl<C: Coll, U: UltItf> Coll for NetCom<C, U> {
 
     fn allgather_into(&self, src: &[u8], dst: &mut [u8]) -> Result<()> {
         self.inner.allgather_into(src, dst)?;
+        self.allgathered(src.len());
+        Ok(())
+    }
+
+    fn allgather_prefix_into(
+        &self,
+        src: &[u8],
+        head: usize,
+        used: &dyn Fn(&[u8]) -> usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        self.inner.allgather_prefix_into(src, head, used, dst)?;
+        // Modelled as the whole records travelling, as they would on a
+        // network.
+        self.allgathered(src.len());
+        Ok(())
+    }
+}
+
+impl<C: Coll, U: UltItf> NetCom<C, U> {
+    /// Counts an allgather of records of `len` bytes and waits for its
+    /// modelled time.
+    fn allgathered(&self, len: usize) {
         add(&self.counters.allgathers, 1);
-        add(&self.counters.coll_bytes, src.len() as u64);
+        add(&self.counters.coll_bytes, len as u64);
         let n = self.inner.size();
         let ns = NetModel::rounds(n)
             .saturating_mul(self.lat)
-            .saturating_add((n as u64 - 1).saturating_mul(self.model.serialization_ns(src.len())));
+            .saturating_add((n as u64 - 1).saturating_mul(self.model.serialization_ns(len)));
         self.wait_for(ns);
-        Ok(())
     }
 }
 

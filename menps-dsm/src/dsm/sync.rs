@@ -261,7 +261,18 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         records.resize(BARRIER_RECORD_BYTES * self.nprocs, 0);
         {
             let _w = stats.timed(&stats.barrier_wait_ns);
-            self.com.allgather_into(&record, records)?;
+            // Only the notices a record holds are read (an empty
+            // signature's record is its header).
+            self.com.allgather_prefix_into(
+                &record,
+                HEADER_BYTES,
+                &|h| match Signature::parse_header(h) {
+                    (_, n) if n <= BARRIER_INLINE_NOTICES => HEADER_BYTES + n * WriteNotice::BYTES,
+                    // A longer signature is read from its slot.
+                    _ => HEADER_BYTES,
+                },
+                records,
+            )?;
         }
         let mut min = 0;
         for (q, rec) in records.chunks_exact(BARRIER_RECORD_BYTES).enumerate() {

@@ -789,6 +789,29 @@ pub fn scenario_coll<C: Communicator>(com: &C) {
             assert!(all[r * len..(r + 1) * len] == pattern((r * 1000 + len) as u64, len)[..]);
         }
     }
+    // Records of which a prefix matters: the first byte says how many
+    // bytes (at least 1); the rest of each record must arrive up to there,
+    // whatever the backend does with the bytes after it.
+    for len in [1usize, 8, 200, 100_000] {
+        for round in 0..3 {
+            let used_by = |r: usize| 1 + (r * 37 + round * 11 + len) % len.min(255);
+            let mut rec = pattern((me * 77 + round + len) as u64, len);
+            rec[0] = used_by(me) as u8;
+            let mut all = vec![0x5A; n * len];
+            com.allgather_prefix_into(&rec, 1, &|h| usize::from(h[0]), &mut all)
+                .unwrap();
+            for r in 0..n {
+                let want = pattern((r * 77 + round + len) as u64, len);
+                let got = &all[r * len..(r + 1) * len];
+                let u = used_by(r);
+                assert_eq!(usize::from(got[0]), u, "rank {me}: prefix of rank {r}");
+                assert!(
+                    got[1..u] == want[1..u],
+                    "rank {me}: the first {u} of {len} bytes of rank {r}'s record"
+                );
+            }
+        }
+    }
     if n > 1 {
         let e = com.allgather(&vec![1u8; 8 + me]).unwrap_err();
         assert!(matches!(e, Error::CollectiveMismatch(_)), "{e}");

@@ -314,6 +314,36 @@ impl<U: UltItf> Coll for ShmCom<U> {
         let mut st = self.coll.lock();
         self.allgather_into_locked(&mut st, src, dst)
     }
+
+    fn allgather_prefix_into(
+        &self,
+        src: &[u8],
+        head: usize,
+        used: &dyn Fn(&[u8]) -> usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let mut st = self.coll.lock();
+        let total = src.len();
+        if head > total || total > self.control.layout().chunk_bytes {
+            // (A record of several steps is gathered whole.)
+            return self.allgather_into_locked(&mut st, src, dst);
+        }
+        check::allgather_len(self.size, total, dst.len())?;
+        let parity = self.step(&mut st, OP_ALLGATHER, total as u64, 0, src)?;
+        for (r, out) in dst.chunks_exact_mut(total).enumerate() {
+            let (_, data) = self.control.scratch(parity, r);
+            // SAFETY: as in `allgather_into_locked`: process r wrote `total`
+            // bytes into its slot before the barrier we passed, and will not
+            // write it again before the next step's barrier, which needs us.
+            unsafe { std::ptr::copy_nonoverlapping(data, out.as_mut_ptr(), head) };
+            let len = used(&out[..head]).clamp(head, total);
+            // SAFETY: as above; `head <= len <= total`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.add(head), out[head..].as_mut_ptr(), len - head)
+            };
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
