@@ -324,8 +324,9 @@ impl<U: UltItf> Coll for ShmCom<U> {
     ) -> Result<()> {
         let mut st = self.coll.lock();
         let total = src.len();
-        if head > total || total > self.control.layout().chunk_bytes {
-            // (A record of several steps is gathered whole.)
+        if total == 0 || head > total || total > self.control.layout().chunk_bytes {
+            // (Empty records, and records of several steps, are gathered
+            // whole.)
             return self.allgather_into_locked(&mut st, src, dst);
         }
         check::allgather_len(self.size, total, dst.len())?;
