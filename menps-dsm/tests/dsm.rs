@@ -74,6 +74,11 @@ fn handed_parts_all_policies() {
 }
 
 #[test]
+fn deferred_merges_of_stale_pins_are_never_stale_all_policies() {
+    run_everywhere("deferred_pin_merges", &[2, 3, 4]);
+}
+
+#[test]
 fn rewritten_runs_all_policies() {
     run_everywhere("rewritten_runs", &[2, 3]);
 }

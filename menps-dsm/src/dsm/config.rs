@@ -123,7 +123,9 @@ pub struct DsmConfig {
     /// to phase), is pinned after a few such rounds — kept writable, the
     /// other processes' changes merged into it in place at acquires — which
     /// saves a write fault and the protection changes around it every
-    /// round; releases that find it unchanged for a while unpin it. Floating
+    /// round (a copy found stale again and again before this process
+    /// touches it is merged at its next access instead); releases that
+    /// find it unchanged for a while unpin it. Floating
     /// writer policy, hybrid or timestamp invalidation; call stacks are
     /// pinned anyway.
     pub pin_shared: bool,

@@ -122,7 +122,16 @@
 //!   process is the last writer is merged at each release until a merge
 //!   takes nothing in (a transaction reads the last writer's live copy,
 //!   which may be in the middle of a rewrite); releases that find it
-//!   unchanged 16 times in a row unpin it.
+//!   unchanged 16 times in a row unpin it. A pinned copy that the acquires
+//!   find stale again and again before this process touches it (an ADI
+//!   solver's phases: the other process rewrites its half of an array
+//!   three times between two reads of ours) is not merged at each acquire
+//!   but made inaccessible, and merged at its next access — together with
+//!   the stale pins after it, in one batch — so the notices in between
+//!   cost nothing; each pin learns which suits it (it starts merging at
+//!   once, and a deferral that ends in an access starts a spell of eager
+//!   merges twice as long as the last). `MENPS_STATS` counts the
+//!   deferrals (`deferred_refreshes`).
 //!
 //! # Using it
 //!

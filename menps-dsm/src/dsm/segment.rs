@@ -48,12 +48,22 @@ pub enum BlockState {
     /// Read-write and never protected (call stacks); invalidation merges in
     /// place.
     Pinned,
+    /// A write-shared pin (see `BlockMeta::shared_pin`) whose copy an
+    /// acquire found stale and, rather than merge the new version in place
+    /// then, made inaccessible (no access; local changes may be pending):
+    /// its next access merges the latest version in place and pins it
+    /// again, so an acquire after which this process does not touch the
+    /// block costs no read and no merge.
+    PinnedStale,
 }
 
 impl BlockState {
     /// Whether the application view allows reads.
     pub fn readable(self) -> bool {
-        !matches!(self, BlockState::InvalidClean | BlockState::InvalidDirty)
+        !matches!(
+            self,
+            BlockState::InvalidClean | BlockState::InvalidDirty | BlockState::PinnedStale
+        )
     }
 
     /// Whether local changes may be pending.
@@ -64,6 +74,7 @@ impl BlockState {
                 | BlockState::ReadonlyDirty
                 | BlockState::Writable
                 | BlockState::Pinned
+                | BlockState::PinnedStale
         )
     }
 
@@ -160,6 +171,19 @@ pub(crate) struct BlockMeta {
     /// `Space::start_write`), not by a caller of `Space::pin`: it stays
     /// writable and is merged in place, until idle releases unpin it.
     pub shared_pin: bool,
+    /// Of a write-shared pin: acquires left that merge a stale copy in
+    /// place at once rather than defer the merge to the next access (see
+    /// `Space::defers_refresh`).
+    pub eager_refreshes: u16,
+    /// Of a write-shared pin: deferred merges in a row that ended in an
+    /// access before the next write notice (so deferring only added a
+    /// fault); each makes the next spell of eager merges twice as long.
+    pub eager_spells: u8,
+    /// Of a [`BlockState::PinnedStale`] copy: a release found it equal to
+    /// its twin since it became stale. Nothing writes it until it is merged
+    /// (its application view is inaccessible; the runtime's atomics change
+    /// copy and twin alike), so later releases need not compare it again.
+    pub stale_unchanged: bool,
     /// Pages of a partly fetched copy (`DsmConfig::partial_reads`) not
     /// fetched: bit `k` is page `k` of the block. A readable copy is
     /// readable only on the pages whose bit is clear (the others stay

@@ -54,6 +54,7 @@ pub fn job_entry() {
         "single_writer" => single_writer(&dsm),
         "phased_writers" => phased_writers(&dsm),
         "handed_parts" => handed_parts(&dsm),
+        "deferred_pin_merges" => deferred_pin_merges(&dsm),
         "rewritten_runs" => rewritten_runs(&dsm),
         "idle_limit" => idle_limit(&dsm),
         "silent_rewrites" => silent_rewrites(&dsm),
@@ -521,6 +522,94 @@ fn handed_parts(dsm: &D) {
     }
 }
 
+/// Deferred merges of write-shared pins (`BlockState::PinnedStale`), in
+/// the pattern of an ADI solver's phases: each block has an owner, which
+/// rewrites it whole in three phases of every round; in the fourth every
+/// process reads every block and then writes its own words of each (word
+/// `w` by process `w % n`), so that every block is written in turn by all
+/// and pinned everywhere. The other processes then get three write notices
+/// between two accesses of theirs: after the first merges (a pin starts
+/// eager) they defer the merge, and the notices after the first find the
+/// copy stale already (a merge saved). Every value read must be the
+/// latest: a stale pin read or written without its merge, or merged on
+/// the wrong base, shows as a wrong word (or a write-write race). The
+/// last rounds leave block 0 to its owner alone, so that its stale pins
+/// go idle and are dropped; the final reads of it must still be the
+/// latest. Under a floating home and timestamp-based invalidation every
+/// process must have deferred merges.
+fn deferred_pin_merges(dsm: &D) {
+    const ROUNDS: u64 = 40;
+    /// Rounds at the end in which block 0 is left to its owner.
+    const TAIL: u64 = 8;
+    const WORDS: usize = 512;
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let blocks = 2 * n;
+    let p = dsm.alloc_segment(blocks * 4096, 4096).unwrap() as *mut u64;
+    let at = |b: usize, w: usize| {
+        // SAFETY: inside the segment.
+        unsafe { p.add(b * WORDS + w) }
+    };
+    let owner = |b: usize| b % n;
+    let value = |round: u64, phase: u64, b: usize, w: usize| word(round * 4 + phase, b * WORDS + w);
+    for round in 1..=ROUNDS {
+        let tail = round > ROUNDS - TAIL;
+        for phase in 0..3 {
+            for b in (0..blocks).filter(|&b| owner(b) == me) {
+                for w in 0..WORDS {
+                    // SAFETY: only the owner writes its blocks in this phase.
+                    unsafe { at(b, w).write_volatile(value(round, phase, b, w)) };
+                }
+            }
+            dsm.barrier().unwrap();
+        }
+        for b in (0..blocks).filter(|&b| !(tail && b == 0)) {
+            for w in 0..WORDS {
+                // SAFETY: written before the barrier, not before the next.
+                let v = unsafe { at(b, w).read_volatile() };
+                assert_eq!(
+                    v,
+                    value(round, 2, b, w),
+                    "process {me}, round {round}: block {b} word {w} is stale"
+                );
+            }
+        }
+        dsm.barrier().unwrap();
+        for b in (0..blocks).filter(|&b| !(tail && b == 0)) {
+            for w in (me..WORDS).step_by(n) {
+                // SAFETY: word `w` is this process's alone in this phase.
+                unsafe { at(b, w).write_volatile(value(round, 3, b, w)) };
+            }
+        }
+        dsm.barrier().unwrap();
+    }
+    for b in 0..blocks {
+        for w in 0..WORDS {
+            // Block 0's words are the owner's from the last round's third
+            // phase; the others' the fourth phase's.
+            let want = if b == 0 {
+                value(ROUNDS, 2, b, w)
+            } else {
+                value(ROUNDS, 3, b, w)
+            };
+            // SAFETY: written before the last barrier.
+            let v = unsafe { at(b, w).read_volatile() };
+            assert_eq!(v, want, "process {me}, at the end: block {b} word {w}");
+        }
+    }
+    let cfg = dsm.config();
+    if cfg.pin_shared
+        && cfg.writer == menps_dsm::dsm::WriterPolicy::Floating
+        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
+    {
+        let st = dsm.stats();
+        assert!(st.shared_pins > 0, "process {me}: no block pinned; {st}");
+        assert!(
+            st.deferred_refreshes > 0,
+            "process {me}: no merge of a stale pin deferred; {st}"
+        );
+    }
+}
+
 fn phased_writers(dsm: &D) {
     const ROUNDS: u64 = 40;
     const PHASES: usize = 5;
@@ -710,7 +799,10 @@ fn prefetch_invalidated(dsm: &D) {
                 assert!(
                     dsm.block_state(at(2, 0) as *const u8)
                         .is_some_and(|s| s.readable()),
-                    "round {round}: block 2 was not prefetched after two sequential misses"
+                    "round {round}: block 2 was not prefetched after two sequential misses {:?}",
+                    (0..5)
+                        .map(|b| dsm.block_state(at(b, 0) as *const u8))
+                        .collect::<Vec<_>>()
                 );
             }
         }

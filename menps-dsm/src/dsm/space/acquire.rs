@@ -20,6 +20,18 @@ use super::{Space, TxKind, bump, parallel_tasks};
 /// this size, reused; one read per run of blocks held by one process).
 const REFRESH_BATCH_BYTES: usize = 1 << 20;
 
+/// Bytes of contiguous stale pins one access merges at most (see
+/// `Space::refresh_stale_run`): an OpenMP loop that reads what the other
+/// processes wrote of an array reads on through its neighbours.
+const STALE_RUN_BYTES: usize = 256 * 1024;
+
+/// Eager merges of a new write-shared pin before it tries a deferral (see
+/// `Space::defers_refresh`); a spell after a deferral that ended in an
+/// access is this many times `2^k` for the `k`th such deferral in a row,
+/// up to `EAGER_SPELLS_MAX` (2048 acquires).
+pub(super) const EAGER_REFRESHES: u16 = 8;
+const EAGER_SPELLS_MAX: u8 = 8;
+
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     // ---------------------------------------------------------------
     // Invalidation and acquire
@@ -34,22 +46,153 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         if self.mark_invalid(m) {
             return self.protect(seg, idx, m.state);
         }
-        if m.state == BlockState::Pinned {
-            bump(&self.stats.invalidations);
-            self.transaction(seg, idx, m, TxKind::PinnedRefresh)?;
+        match m.state {
+            BlockState::Pinned => {
+                bump(&self.stats.invalidations);
+                m.eager_refreshes = m.eager_refreshes.saturating_sub(1);
+                self.transaction(seg, idx, m, TxKind::PinnedRefresh)?;
+            }
+            // Stale again before this process touched it: deferring the
+            // merge saved one.
+            BlockState::PinnedStale => m.eager_spells = 0,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Whether an acquire that finds the pinned copy `m` stale defers its
+    /// merge to the next access (see [`BlockState::PinnedStale`]): a
+    /// write-shared pin outside a spell of eager merges. A pin starts with
+    /// [`EAGER_REFRESHES`] eager merges, then tries a deferral: one that
+    /// saves a merge (another notice comes before any access) keeps the
+    /// block deferring; one that ends in an access starts a spell of eager
+    /// merges twice as long as the last. Stacks pinned by their threads
+    /// are merged at once: their threads run on them.
+    fn defers_refresh(&self, m: &BlockMeta) -> bool {
+        m.shared_pin && m.pins == 0 && m.eager_refreshes == 0
+    }
+
+    /// Merges the latest version into the stale pinned copy of block `idx`
+    /// (entry `m`, whose access just faulted) and into those of the blocks
+    /// after it that are stale pins too — up to [`STALE_RUN_BYTES`], their
+    /// entries free — and pins them again with one `mprotect`; returns how
+    /// many blocks it merged. The run
+    /// counts as accessed: its blocks start a spell of eager merges (see
+    /// [`Self::defers_refresh`]) together, so that they keep one policy.
+    pub(super) fn refresh_stale_run<'s>(
+        &self,
+        seg: &'s Segment<U>,
+        idx: usize,
+        m: ct_sync::MutexGuard<'s, BlockMeta, U>,
+    ) -> DsmResult<usize> {
+        debug_assert_eq!(m.state, BlockState::PinnedStale);
+        let bs = seg.block_size;
+        let end = (idx + (STALE_RUN_BYTES / bs).max(1)).min(seg.nblocks);
+        let mut held = vec![(idx, m)];
+        for j in idx + 1..end {
+            // Entries are taken in ascending order, and never waited for.
+            let Some(m) = seg.entry(j).try_lock() else {
+                break;
+            };
+            if m.state != BlockState::PinnedStale {
+                break;
+            }
+            held.push((j, m));
+        }
+        for (_, m) in held.iter_mut() {
+            m.eager_spells = (m.eager_spells + 1).min(EAGER_SPELLS_MAX);
+            m.eager_refreshes = EAGER_REFRESHES << m.eager_spells;
+        }
+        // (On an error the DSM fails: the blocks stay inaccessible.)
+        self.merge_pinned(seg, &mut held, TxKind::StaleRefresh)?;
+        layout::protect(seg.app(idx), held.len() * bs, BlockState::Pinned.prot())?;
+        Ok(held.len())
+    }
+
+    /// Merges the latest versions into the pinned copies `blocks` of `seg`
+    /// (ascending, their entries locked; write-shared pins, stale or not)
+    /// as `kind` transactions would, in one batch: their global locks
+    /// taken together ([`Space::lock_for_prefetch`]), one read per run of
+    /// contiguous blocks whose latest version is at the same other process,
+    /// all in flight together. A [`TxKind::StaleRefresh`] leaves the
+    /// protection to the caller.
+    pub(super) fn merge_pinned<M: core::ops::DerefMut<Target = BlockMeta>>(
+        &self,
+        seg: &Segment<U>,
+        blocks: &mut [(usize, M)],
+        kind: TxKind,
+    ) -> DsmResult<()> {
+        if let [(j, m)] = blocks {
+            // Alone: the plain transaction costs as many round trips and
+            // less bookkeeping.
+            return self.transaction(seg, *j, m, kind).map(drop);
+        }
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let bs = seg.block_size;
+        let idxs: Vec<usize> = blocks.iter().map(|(j, _)| *j).collect();
+        let mut lads = self.lock_for_prefetch(seg, &idxs)?;
+        let mut tmp = self.tmp(blocks.len() * bs);
+        let fresh = &mut tmp.buf;
+        let mut fetched = vec![false; blocks.len()];
+        {
+            let mut reads = Vec::new();
+            let mut rest: &mut [u64] = fresh;
+            let mut at = 0;
+            for (k, n, home) in self.remote_runs(seg, &idxs, &lads) {
+                let (_, tail) = rest.split_at_mut((k - at) * bs / 8);
+                let (run, tail) = tail.split_at_mut(n * bs / 8);
+                rest = tail;
+                at = k + n;
+                fetched[k..k + n].fill(true);
+                // SAFETY: `run` is `n * bs` bytes of plain words.
+                let dst = unsafe {
+                    core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), n * bs)
+                };
+                reads.push((self.latest_win(seg).at(home, seg.offset(idxs[k])), dst));
+            }
+            self.com.read_all(&mut reads)?;
+        }
+        for (k, ((j, m), lad)) in blocks.iter_mut().zip(lads.iter_mut()).enumerate() {
+            let m: &mut BlockMeta = m;
+            bump(&self.stats.transactions);
+            m.force_tx = false;
+            let was = m.state;
+            let latest = fetched[k].then(|| &fresh[k * bs / 8..(k + 1) * bs / 8]);
+            let (_, written, exported, _) =
+                self.transaction_locked(seg, *j, m, kind, was, was.dirty(), lad, latest)?;
+            let notice = (written || exported).then(|| {
+                WriteNotice::new(seg.app(*j), self.lad_holder(seg, *j, lad), lad.wr, lad.rd)
+            });
+            self.unlock_block(seg, *j, *lad)?;
+            if let Some(wn) = notice {
+                self.rel_sig.lock().push(wn);
+            }
         }
         Ok(())
     }
 
     /// The first half of [`Space::invalidate`] for a copy that is simply
-    /// dropped (readable or writable, not pinned): marks it invalid and
-    /// returns `true`; the caller then takes away the application view's
-    /// access (`PROT_NONE`). Returns `false`, changing nothing, for the
-    /// other states.
+    /// dropped (readable or writable, not pinned) or a write-shared pin
+    /// whose merge is deferred (see [`Self::defers_refresh`]): marks it
+    /// invalid (or [`BlockState::PinnedStale`]) and returns `true`; the
+    /// caller then takes away the application view's access (`PROT_NONE`).
+    /// Returns `false`, changing nothing, for the other states.
     fn mark_invalid(&self, m: &mut BlockMeta) -> bool {
         let new = match m.state {
             BlockState::ReadonlyClean => BlockState::InvalidClean,
             BlockState::ReadonlyDirty | BlockState::Writable => BlockState::InvalidDirty,
+            BlockState::Pinned => {
+                if !self.defers_refresh(m) {
+                    return false;
+                }
+                bump(&self.stats.invalidations);
+                bump(&self.stats.deferred_refreshes);
+                m.state = BlockState::PinnedStale;
+                m.stale_unchanged = false;
+                return true;
+            }
             _ => return false,
         };
         bump(&self.stats.invalidations);
@@ -249,6 +392,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 BlockState::ReadonlyClean,
                 false,
                 lad,
+                None,
             )?;
             self.unlock_block(seg, *j, *lad)?;
             bump(&self.stats.refreshed);

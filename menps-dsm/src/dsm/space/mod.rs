@@ -121,6 +121,10 @@ enum TxKind {
     Release { clean: bool },
     /// An invalidated pinned block, merged in place.
     PinnedRefresh,
+    /// A stale pinned block ([`BlockState::PinnedStale`]) merged in place
+    /// at its access: as [`TxKind::PinnedRefresh`], but the caller sets the
+    /// protection.
+    StaleRefresh,
     /// An atomic operation on the word at this offset of the block.
     Atomic(usize, AtomicOp),
 }
@@ -181,6 +185,8 @@ pub struct Stats {
     pub scanned_idle: AtomicUsize,
     /// Dirty scans (`PAGEMAP_SCAN` calls).
     pub dirty_scans: AtomicUsize,
+    /// Stale write-shared pins whose merge an acquire deferred.
+    pub deferred_refreshes: AtomicUsize,
 }
 
 /// Counters as plain numbers.
@@ -247,6 +253,11 @@ pub struct StatsSnapshot {
     pub scanned_idle: usize,
     /// Calls that read the kernel's record of writes (`PAGEMAP_SCAN`).
     pub dirty_scans: usize,
+    /// Stale copies of write-shared pinned blocks that an acquire made
+    /// inaccessible instead of merging the new version in at once: the
+    /// merge happens at this process's next access, if any comes before
+    /// the block is written elsewhere again (a merge saved otherwise).
+    pub deferred_refreshes: usize,
 }
 
 impl core::fmt::Display for StatsSnapshot {
@@ -260,7 +271,7 @@ impl core::fmt::Display for StatsSnapshot {
              invalidations={} bytes_fetched={} barriers={} flushes={} fault_ms={:.3} \
              release_ms={:.3} acquire_ms={:.3} barrier_ms={:.3} barrier_wait_ms={:.3} \
              prefetched={} partial_reads={} refreshed={} shared_pins={} scanned_idle={} \
-             dirty_scans={}",
+             dirty_scans={} deferred_refreshes={}",
             self.read_faults,
             self.write_faults,
             self.written_ahead,
@@ -284,6 +295,7 @@ impl core::fmt::Display for StatsSnapshot {
             self.shared_pins,
             self.scanned_idle,
             self.dirty_scans,
+            self.deferred_refreshes,
         )
     }
 }
@@ -333,6 +345,7 @@ impl Stats {
             shared_pins: l(&self.shared_pins),
             scanned_idle: l(&self.scanned_idle),
             dirty_scans: l(&self.dirty_scans),
+            deferred_refreshes: l(&self.deferred_refreshes),
         }
     }
 }
@@ -783,6 +796,24 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// [`Space::partial_read_applies`]).
     pub fn start_read(&self, seg: &Segment<U>, idx: usize, addr: usize) -> DsmResult<()> {
         let mut m = seg.entry(idx).lock();
+        if m.state == BlockState::PinnedStale {
+            // A miss like any other for sequential prefetch: the blocks
+            // after the merged run are fetched as they would be after it.
+            let r = self.refresh_stale_run(seg, idx, m).and_then(|n| {
+                let cap = self.prefetch_cap(seg);
+                if cap == 0 {
+                    return Ok(());
+                }
+                let first = PREFETCH_FIRST_BYTES / seg.block_size;
+                let ahead = seg.seq.on_miss(idx, first, cap, seg.nblocks - idx - 1);
+                if ahead >= n {
+                    self.prefetch(seg, idx + n - 1, ahead + 1 - n, None)
+                } else {
+                    Ok(())
+                }
+            });
+            return self.guard(r);
+        }
         let page = (addr - seg.app(idx)) / crate::sys::page_size();
         let mut hot = false;
         // Whether this miss completes a partial copy past its page.
@@ -881,8 +912,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// drops a prefetched copy exactly as it drops any other; the clean ones
     /// together: their locks tried at once, then taken in ascending order
     /// from the first busy one, and one read per run held by the same
-    /// process, see `prefetch_clean`), then makes them readable with one
-    /// `mprotect` per contiguous run. Readable blocks are passed over; the scan stops at
+    /// process, see `prefetch_clean`; stale pins merged in place, together,
+    /// see `merge_pinned`), then makes them readable (the pins read-write
+    /// again) with one `mprotect` per contiguous run of one protection. Readable blocks are passed over; the scan stops at
     /// the first busy entry (another thread is resolving that block). The
     /// entries stay locked until the protection is set, so an invalidation
     /// cannot come in between.
@@ -920,7 +952,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             seg.seq.cut(idx, scanned);
         }
         let mut clean = Vec::with_capacity(held.len());
+        let mut stale = Vec::new();
         for (j, m) in held.iter_mut() {
+            if m.state == BlockState::PinnedStale {
+                // A stale pin is merged in place, and pinned again.
+                stale.push((*j, &mut **m));
+                continue;
+            }
             let m: &mut BlockMeta = m;
             if self.is_fixed_home(seg, *j) {
                 // The master copy is here and always current (pending
@@ -943,34 +981,36 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             self.prefetch_clean(seg, &mut clean)?;
         }
         drop(clean);
+        self.merge_pinned(seg, &mut stale, TxKind::StaleRefresh)?;
+        drop(stale);
         self.stats
             .prefetched
             .fetch_add(held.len() - usize::from(demanded), Ordering::Relaxed);
-        // One `mprotect` per contiguous run.
+        // One `mprotect` per contiguous run of one protection.
         let mut k = 0;
         while k < held.len() {
+            let prot = held[k].1.state.prot();
             let mut n = 1;
-            while k + n < held.len() && held[k + n].0 == held[k].0 + n {
+            while k + n < held.len()
+                && held[k + n].0 == held[k].0 + n
+                && held[k + n].1.state.prot() == prot
+            {
                 n += 1;
             }
-            self.protect_run(seg, held[k].0, n)?;
+            layout::protect(seg.app(held[k].0), n * seg.block_size, prot)?;
             k += n;
         }
         drop(held);
         Ok(())
     }
 
-    /// Makes `n` blocks from `first` read-only (one `mprotect`).
-    fn protect_run(&self, seg: &Segment<U>, first: usize, n: usize) -> DsmResult<()> {
-        if n == 0 {
-            return Ok(());
-        }
-        layout::protect(seg.app(first), n * seg.block_size, libc::PROT_READ)
-    }
-
     /// Makes block `idx` writable.
     pub fn start_write(&self, seg: &Segment<U>, idx: usize) -> DsmResult<()> {
         let mut m = seg.entry(idx).lock();
+        if m.state == BlockState::PinnedStale {
+            let r = self.refresh_stale_run(seg, idx, m).map(drop);
+            return self.guard(r);
+        }
         let ahead = m.state == BlockState::ReadonlyClean && m.written_last;
         let contended = core::mem::take(&mut m.remote_write_seen);
         m.contended_writes = if contended {
@@ -1078,12 +1118,20 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         m.state = BlockState::Pinned;
         m.shared_pin = true;
         m.idle_releases = 0;
+        m.eager_refreshes = acquire::EAGER_REFRESHES;
+        m.eager_spells = 0;
         bump(&self.stats.shared_pins);
     }
 
     fn write_upgrade(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta) -> DsmResult<()> {
         if m.state.writable() {
             return Ok(());
+        }
+        if m.state == BlockState::PinnedStale {
+            // (Pinned again, read-write.)
+            return self
+                .transaction(seg, idx, m, TxKind::PinnedRefresh)
+                .map(drop);
         }
         if m.missing != 0 {
             // A partial copy: the whole block is read first (anew, as a
@@ -1187,7 +1235,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         m: &mut BlockMeta,
         for_write: bool,
     ) -> DsmResult<()> {
-        debug_assert!(!m.state.readable());
+        debug_assert!(!m.state.readable() && m.state != BlockState::PinnedStale);
         let dirty = m.state == BlockState::InvalidDirty;
         if self.miss_needs_transaction(seg, idx, m) {
             self.transaction(seg, idx, m, TxKind::Read)?;

@@ -25,7 +25,12 @@ const SCAN_MIN_BYTES: usize = 16 * 1024;
 /// releases protect if it stays idle.
 pub(super) fn unpin_if_idle(m: &mut BlockMeta) {
     if m.shared_pin && m.idle_releases >= SHARED_PIN_IDLE {
-        m.state = BlockState::Writable;
+        // A stale one (found unchanged: no local changes) is dropped.
+        m.state = if m.state == BlockState::PinnedStale {
+            BlockState::InvalidClean
+        } else {
+            BlockState::Writable
+        };
         m.shared_pin = false;
         m.contended_writes = 0;
         m.idle_releases = 0;
@@ -84,11 +89,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // (What it holds of the others' words is what they published: a
         // transaction reads the last writer's twin, never its copy in the
         // middle of a rewrite.) After `SHARED_PIN_IDLE` such releases in a
-        // row it is unpinned; the fast release counts alike.
+        // row it is unpinned; the fast release counts alike. A stale one
+        // unchanged has nothing to announce either, whoever wrote it last.
         if m.shared_pin
-            && m.state == BlockState::Pinned
-            && !m.written_last
-            && self.unchanged_since_release(seg, idx, m, clean)
+            && match m.state {
+                BlockState::Pinned => !m.written_last,
+                BlockState::PinnedStale => true,
+                _ => false,
+            }
+            && self.unchanged_pin(seg, idx, m, clean)
         {
             self.count_idle_release(m);
             return Ok(true);
@@ -100,6 +109,19 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             m.in_write_set = false;
         }
         Ok(m.in_write_set)
+    }
+
+    /// [`Space::unchanged_since_release`] for a write-shared pin: a stale
+    /// one found unchanged once stays so (see
+    /// `BlockMeta::stale_unchanged`).
+    fn unchanged_pin(&self, seg: &Segment<U>, idx: usize, m: &mut BlockMeta, clean: bool) -> bool {
+        let stale = m.state == BlockState::PinnedStale;
+        if stale && m.stale_unchanged {
+            return true;
+        }
+        let unchanged = self.unchanged_since_release(seg, idx, m, clean);
+        m.stale_unchanged = stale && unchanged;
+        unchanged
     }
 
     /// Protects a run of contiguous idle blocks of `seg` whose releases

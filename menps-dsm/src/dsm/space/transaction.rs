@@ -106,7 +106,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let dirty = was.dirty();
         m.force_tx = false;
         let mut lad = self.lock_block(seg, idx)?;
-        let result = self.transaction_locked(seg, idx, m, kind, was, dirty, &mut lad);
+        let result = self.transaction_locked(seg, idx, m, kind, was, dirty, &mut lad, None);
         match result {
             Ok((old, written, exported, copied_back_to)) => {
                 if let Some(p) = copied_back_to {
@@ -278,7 +278,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         drop(runs);
         for ((j, m), lad) in blocks.iter_mut().zip(lads.iter_mut()) {
             let was = m.state;
-            self.transaction_locked(seg, *j, m, TxKind::Prefetch, was, false, lad)?;
+            self.transaction_locked(seg, *j, m, TxKind::Prefetch, was, false, lad, None)?;
             self.unlock_block(seg, *j, *lad)?;
         }
         Ok(())
@@ -424,7 +424,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// The body of a transaction, with the global lock held. Updates `lad`
     /// to the new LAD. Returns (old atomic value, written, exported,
-    /// process whose twin we wrote).
+    /// process whose twin we wrote). `fetched`: the latest version, read
+    /// already by a batch (used if the latest version is another
+    /// process's and our copy is dirty).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn transaction_locked(
         &self,
@@ -435,6 +437,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         was: BlockState,
         dirty: bool,
         lad: &mut Lad,
+        fetched: Option<&[u64]>,
     ) -> DsmResult<(u64, bool, bool, Option<usize>)> {
         let me = self.rank;
         let bs = seg.block_size;
@@ -451,7 +454,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let had_missing = m.missing != 0;
         let remote = home != me || had_missing;
         let thr = self.cfg.wr_count_threshold;
-        let pinned = was == BlockState::Pinned;
+        let pinned = matches!(was, BlockState::Pinned | BlockState::PinnedStale);
         // Stop local writers before merging remote changes into our copy (or
         // when the block keeps being released without writes). Merging into
         // a writable copy while this process's other threads go on writing
@@ -528,10 +531,17 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             }
         } else {
             m.missing = 0;
-            let mut tmp = self.tmp(bs);
-            self.com
-                .read(self.latest_win(seg).at(home, off), tmp.bytes_mut())?;
-            self.stats.bytes_fetched.fetch_add(bs, Ordering::Relaxed);
+            let mut tmp = None;
+            let other: &[u64] = match fetched {
+                Some(f) => f,
+                None => {
+                    let t = tmp.insert(self.tmp(bs));
+                    self.com
+                        .read(self.latest_win(seg).at(home, off), t.bytes_mut())?;
+                    self.stats.bytes_fetched.fetch_add(bs, Ordering::Relaxed);
+                    &t.buf
+                }
+            };
             if fixed {
                 if dirty {
                     // Take in the home's changes (only words the home's
@@ -550,7 +560,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                         w if w as usize - 1 == me => home,
                         w => w as usize - 1,
                     };
-                    self.merge_checked(seg, idx, writer, (data, twin, &tmp.buf), diff::read_merge)?;
+                    self.merge_checked(seg, idx, writer, (data, twin, other), diff::read_merge)?;
                     written = !runs.is_empty();
                     // SAFETY: byte views reborrowed from the word views (same
                     // memory, `bs` bytes each).
@@ -575,7 +585,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     }
                     copied_back_to = written.then_some(home);
                 } else {
-                    data.copy_from_slice(&tmp.buf);
+                    data.copy_from_slice(other);
                 }
             } else {
                 if dirty {
@@ -587,8 +597,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     } else {
                         diff::write_merge
                     };
-                    let merged =
-                        self.merge_checked(seg, idx, home, (data, twin, &tmp.buf), merge)?;
+                    let merged = self.merge_checked(seg, idx, home, (data, twin, other), merge)?;
                     written = merged.local_changes;
                     // Another process wrote the block since our base: a
                     // write fault after this is contended (see
@@ -599,8 +608,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     // A clean copy (here for an atomic, which may leave us
                     // the last writer): the twin is the version taken, as
                     // every last writer's twin is what it published.
-                    data.copy_from_slice(&tmp.buf);
-                    twin.copy_from_slice(&tmp.buf);
+                    data.copy_from_slice(other);
+                    twin.copy_from_slice(other);
                 }
             }
         }
@@ -674,7 +683,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         };
         // State.
         let new_state = match kind {
-            TxKind::PinnedRefresh => BlockState::Pinned,
+            TxKind::PinnedRefresh | TxKind::StaleRefresh => BlockState::Pinned,
             _ if pinned => BlockState::Pinned,
             _ if write_protected => BlockState::ReadonlyClean,
             _ => was,
@@ -694,7 +703,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             layout::protect(seg.app(idx) + at, page, new_state.prot())?;
         } else if (new_state != was || !was.readable() || had_missing)
             && !protected_already
-            && !matches!(kind, TxKind::Prefetch)
+            && !matches!(kind, TxKind::Prefetch | TxKind::StaleRefresh)
         {
             // (A copy that was partial is made accessible whole.)
             self.protect(seg, idx, new_state)?;
