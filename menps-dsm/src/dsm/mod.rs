@@ -118,11 +118,12 @@
 //!   three to four `mprotect` calls per round. Merges into a pinned copy
 //!   are atomic per word, or plain and vectorized when the language
 //!   runtime says that the program writes from one OS thread only
-//!   ([`Dsm::set_single_writer_thread`]). A pinned copy of which another
-//!   process is the last writer is merged at each release until a merge
-//!   takes nothing in (a transaction reads the last writer's live copy,
-//!   which may be in the middle of a rewrite); releases that find it
-//!   unchanged 16 times in a row unpin it. A pinned copy that the acquires
+//!   ([`Dsm::set_single_writer_thread`]). A release that finds a pinned
+//!   copy unchanged since this process last published or merged it
+//!   announces nothing, whoever wrote the block last (a transaction reads
+//!   what the last writer published, never its copy in the middle of a
+//!   rewrite); releases that find it unchanged 16 times in a row unpin
+//!   it. A pinned copy that the acquires
 //!   find stale again and again before this process touches it (an ADI
 //!   solver's phases: the other process rewrites its half of an array
 //!   three times between two reads of ours) is not merged at each acquire
