@@ -179,6 +179,9 @@ pub(crate) struct BlockMeta {
     /// access before the next write notice (so deferring only added a
     /// fault); each makes the next spell of eager merges twice as long.
     pub eager_spells: u8,
+    /// Of a [`BlockState::PinnedStale`] copy: another write notice came
+    /// since it became stale, so deferring its merge saved one.
+    pub stale_saved: bool,
     /// Of a [`BlockState::PinnedStale`] copy: a release found it equal to
     /// its twin since it became stale. Nothing writes it until it is merged
     /// (its application view is inaccessible; the runtime's atomics change

@@ -54,7 +54,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             }
             // Stale again before this process touched it: deferring the
             // merge saved one.
-            BlockState::PinnedStale => m.eager_spells = 0,
+            BlockState::PinnedStale => m.stale_saved = true,
             _ => {}
         }
         Ok(())
@@ -64,10 +64,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// merge to the next access (see [`BlockState::PinnedStale`]): a
     /// write-shared pin outside a spell of eager merges. A pin starts with
     /// [`EAGER_REFRESHES`] eager merges, then tries a deferral: one that
-    /// saves a merge (another notice comes before any access) keeps the
-    /// block deferring; one that ends in an access starts a spell of eager
-    /// merges twice as long as the last. Stacks pinned by their threads
-    /// are merged at once: their threads run on them.
+    /// saves a merge (another notice comes before the access) keeps the
+    /// block deferring; one that ends in an access without saving one
+    /// starts a spell of eager merges twice as long as the last. Stacks
+    /// pinned by their threads are merged at once: their threads run on
+    /// them.
     fn defers_refresh(&self, m: &BlockMeta) -> bool {
         m.shared_pin && m.pins == 0 && m.eager_refreshes == 0
     }
@@ -76,9 +77,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// (entry `m`, whose access just faulted) and into those of the blocks
     /// after it that are stale pins too — up to [`STALE_RUN_BYTES`], their
     /// entries free — and pins them again with one `mprotect`; returns how
-    /// many blocks it merged. The run
-    /// counts as accessed: its blocks start a spell of eager merges (see
-    /// [`Self::defers_refresh`]) together, so that they keep one policy.
+    /// many blocks it merged. The run counts as accessed: those of its
+    /// blocks whose deferral saved no merge start a spell of eager merges
+    /// (see [`Self::defers_refresh`]) together.
     pub(super) fn refresh_stale_run<'s>(
         &self,
         seg: &'s Segment<U>,
@@ -100,8 +101,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             held.push((j, m));
         }
         for (_, m) in held.iter_mut() {
-            m.eager_spells = (m.eager_spells + 1).min(EAGER_SPELLS_MAX);
-            m.eager_refreshes = EAGER_REFRESHES << m.eager_spells;
+            if m.stale_saved {
+                m.eager_spells = 0;
+            } else {
+                m.eager_spells = (m.eager_spells + 1).min(EAGER_SPELLS_MAX);
+                m.eager_refreshes = EAGER_REFRESHES << m.eager_spells;
+            }
         }
         // (On an error the DSM fails: the blocks stay inaccessible.)
         self.merge_pinned(seg, &mut held, TxKind::StaleRefresh)?;
@@ -191,6 +196,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 bump(&self.stats.deferred_refreshes);
                 m.state = BlockState::PinnedStale;
                 m.stale_unchanged = false;
+                m.stale_saved = false;
                 return true;
             }
             _ => return false,
