@@ -176,8 +176,9 @@ pub(crate) struct BlockMeta {
     /// `Space::defers_refresh`).
     pub eager_refreshes: u16,
     /// Of a write-shared pin: deferred merges in a row that ended in an
-    /// access before the next write notice (so deferring only added a
-    /// fault); each makes the next spell of eager merges twice as long.
+    /// access without having saved a merge (no second write notice came
+    /// first, so deferring only added a fault); each makes the next spell
+    /// of eager merges twice as long.
     pub eager_spells: u8,
     /// Of a [`BlockState::PinnedStale`] copy: another write notice came
     /// since it became stale, so deferring its merge saved one.

@@ -914,10 +914,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// from the first busy one, and one read per run held by the same
     /// process, see `prefetch_clean`; stale pins merged in place, together,
     /// see `merge_pinned`), then makes them readable (the pins read-write
-    /// again) with one `mprotect` per contiguous run of one protection. Readable blocks are passed over; the scan stops at
-    /// the first busy entry (another thread is resolving that block). The
-    /// entries stay locked until the protection is set, so an invalidation
-    /// cannot come in between.
+    /// again) with one `mprotect` per contiguous run of one protection.
+    /// Readable blocks are passed over; the scan stops at the first busy
+    /// entry (another thread is resolving that block). The entries stay
+    /// locked until the protection is set, so an invalidation cannot come
+    /// in between.
     ///
     /// With `demand` (the missed block's own entry, clean and invalid), the
     /// missed block is read in the same batch, first.
