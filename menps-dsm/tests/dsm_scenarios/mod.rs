@@ -510,16 +510,21 @@ fn handed_parts(dsm: &D) {
         }
         dsm.barrier().unwrap();
     }
-    // Write notices tell the processes that the others wrote (with leases
-    // only, the merges tell it less often).
-    let cfg = dsm.config();
-    if cfg.pin_shared
-        && cfg.writer == menps_dsm::dsm::WriterPolicy::Floating
-        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
-    {
-        let st = dsm.stats();
+    if let Some(st) = pinned_stats(dsm) {
         assert!(st.shared_pins > 0, "process {me}: no block pinned; {st}");
     }
+}
+
+/// This process's counters, if write-shared blocks must have been pinned
+/// (pinning on, a floating home, and write notices to tell the processes
+/// that the others wrote: with leases only, the merges tell it less
+/// often).
+fn pinned_stats(dsm: &D) -> Option<menps_dsm::dsm::StatsSnapshot> {
+    let cfg = dsm.config();
+    (cfg.pin_shared
+        && cfg.writer == menps_dsm::dsm::WriterPolicy::Floating
+        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid)
+        .then(|| dsm.stats())
 }
 
 /// Deferred merges of write-shared pins (`BlockState::PinnedStale`), in
@@ -596,12 +601,7 @@ fn deferred_pin_merges(dsm: &D) {
             assert_eq!(v, want, "process {me}, at the end: block {b} word {w}");
         }
     }
-    let cfg = dsm.config();
-    if cfg.pin_shared
-        && cfg.writer == menps_dsm::dsm::WriterPolicy::Floating
-        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
-    {
-        let st = dsm.stats();
+    if let Some(st) = pinned_stats(dsm) {
         assert!(st.shared_pins > 0, "process {me}: no block pinned; {st}");
         assert!(
             st.deferred_refreshes > 0,

@@ -12,7 +12,7 @@ use super::super::config::InvalidationPolicy;
 use super::super::diff;
 use super::super::error::DsmResult;
 use super::super::layout;
-use super::super::segment::{BlockMeta, BlockState, Segment};
+use super::super::segment::{BlockMeta, BlockState, Lad, Segment};
 use super::super::signature::{Signature, WriteNotice};
 use super::{Space, TxKind, bump, parallel_tasks};
 
@@ -137,28 +137,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         let bs = seg.block_size;
         let idxs: Vec<usize> = blocks.iter().map(|(j, _)| *j).collect();
-        let mut lads = self.lock_for_prefetch(seg, &idxs)?;
-        let mut tmp = self.tmp(blocks.len() * bs);
-        let fresh = &mut tmp.buf;
-        let mut fetched = vec![false; blocks.len()];
-        {
-            let mut reads = Vec::new();
-            let mut rest: &mut [u64] = fresh;
-            let mut at = 0;
-            for (k, n, home) in self.remote_runs(seg, &idxs, &lads) {
-                let (_, tail) = rest.split_at_mut((k - at) * bs / 8);
-                let (run, tail) = tail.split_at_mut(n * bs / 8);
-                rest = tail;
-                at = k + n;
-                fetched[k..k + n].fill(true);
-                // SAFETY: `run` is `n * bs` bytes of plain words.
-                let dst = unsafe {
-                    core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), n * bs)
-                };
-                reads.push((self.latest_win(seg).at(home, seg.offset(idxs[k])), dst));
-            }
-            self.com.read_all(&mut reads)?;
-        }
+        let (mut lads, tmp, fetched) = self.lock_and_fetch(seg, &idxs)?;
+        let fresh = &tmp.buf;
         for (k, ((j, m), lad)) in blocks.iter_mut().zip(lads.iter_mut()).enumerate() {
             let m: &mut BlockMeta = m;
             bump(&self.stats.transactions);
@@ -167,15 +147,43 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             let latest = fetched[k].then(|| &fresh[k * bs / 8..(k + 1) * bs / 8]);
             let (_, written, exported, _) =
                 self.transaction_locked(seg, *j, m, kind, was, was.dirty(), lad, latest)?;
-            let notice = (written || exported).then(|| {
-                WriteNotice::new(seg.app(*j), self.lad_holder(seg, *j, lad), lad.wr, lad.rd)
-            });
-            self.unlock_block(seg, *j, *lad)?;
-            if let Some(wn) = notice {
-                self.rel_sig.lock().push(wn);
-            }
+            self.unlock_announcing(seg, *j, *lad, written || exported)?;
         }
         Ok(())
+    }
+
+    /// Takes the global locks of blocks `idxs` of `seg` (ascending, see
+    /// [`Space::lock_for_prefetch`]) and reads their latest versions into
+    /// one buffer, one read per run of contiguous blocks held by the same
+    /// other process, all in flight together. Returns their LADs, the
+    /// buffer (block `k`'s version at words `k * bs / 8 ..`) and which
+    /// blocks were read (not those whose latest version is ours).
+    fn lock_and_fetch(
+        &self,
+        seg: &Segment<U>,
+        idxs: &[usize],
+    ) -> DsmResult<(Vec<Lad>, super::Tmp<'_>, Vec<bool>)> {
+        let bs = seg.block_size;
+        let lads = self.lock_for_prefetch(seg, idxs)?;
+        let mut tmp = self.tmp(idxs.len() * bs);
+        let mut fetched = vec![false; idxs.len()];
+        let mut reads = Vec::new();
+        let mut rest: &mut [u64] = &mut tmp.buf;
+        let mut at = 0;
+        for (k, n, home) in self.remote_runs(seg, idxs, &lads) {
+            let (_, tail) = rest.split_at_mut((k - at) * bs / 8);
+            let (run, tail) = tail.split_at_mut(n * bs / 8);
+            rest = tail;
+            at = k + n;
+            fetched[k..k + n].fill(true);
+            // SAFETY: `run` is `n * bs` bytes of plain words.
+            let dst =
+                unsafe { core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), n * bs) };
+            reads.push((self.latest_win(seg).at(home, seg.offset(idxs[k])), dst));
+        }
+        self.com.read_all(&mut reads)?;
+        drop(reads);
+        Ok((lads, tmp, fetched))
     }
 
     /// The first half of [`Space::invalidate`] for a copy that is simply
@@ -355,30 +363,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         let bs = seg.block_size;
         let idxs: Vec<usize> = blocks.iter().map(|(j, _)| *j).collect();
-        let mut lads = self.lock_for_prefetch(seg, &idxs)?;
-        // The new versions, one read per run of contiguous blocks held by
-        // the same other process; block `k`'s at `fresh[k]`, if fetched.
-        let mut tmp = self.tmp(blocks.len() * bs);
-        let fresh = &mut tmp.buf;
-        let mut fetched = vec![false; blocks.len()];
-        {
-            let mut reads = Vec::new();
-            let mut rest: &mut [u64] = fresh;
-            let mut at = 0;
-            for (k, n, home) in self.remote_runs(seg, &idxs, &lads) {
-                let (_, tail) = rest.split_at_mut((k - at) * bs / 8);
-                let (run, tail) = tail.split_at_mut(n * bs / 8);
-                rest = tail;
-                at = k + n;
-                fetched[k..k + n].fill(true);
-                // SAFETY: `run` is `n * bs` bytes of plain words.
-                let dst = unsafe {
-                    core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), n * bs)
-                };
-                reads.push((self.latest_win(seg).at(home, seg.offset(idxs[k])), dst));
-            }
-            self.com.read_all(&mut reads)?;
-        }
+        let (mut lads, tmp, fetched) = self.lock_and_fetch(seg, &idxs)?;
+        let fresh = &tmp.buf;
         for (k, ((j, m), lad)) in blocks.iter_mut().zip(lads.iter_mut()).enumerate() {
             if fetched[k] {
                 let new = &fresh[k * bs / 8..(k + 1) * bs / 8];

@@ -117,22 +117,36 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 // original's case of changes another process's migration had
                 // carried away; readers now take the published twin, so it
                 // only re-announces the latest version).
-                let notice = (written || exported).then(|| {
-                    WriteNotice::new(
-                        seg.app(idx),
-                        self.lad_holder(seg, idx, &lad),
-                        lad.wr,
-                        lad.rd,
-                    )
-                });
-                self.unlock_block(seg, idx, lad)?;
-                if let Some(wn) = notice {
-                    self.rel_sig.lock().push(wn);
-                }
+                self.unlock_announcing(seg, idx, lad, written || exported)?;
                 Ok(old)
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The end of a transaction on block `idx`: unlocks it with `lad`, and
+    /// if `announce`, records the write notice of the version `lad` names
+    /// in this process's release signature.
+    pub(super) fn unlock_announcing(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        lad: Lad,
+        announce: bool,
+    ) -> DsmResult<()> {
+        let notice = announce.then(|| {
+            WriteNotice::new(
+                seg.app(idx),
+                self.lad_holder(seg, idx, &lad),
+                lad.wr,
+                lad.rd,
+            )
+        });
+        self.unlock_block(seg, idx, lad)?;
+        if let Some(wn) = notice {
+            self.rel_sig.lock().push(wn);
+        }
+        Ok(())
     }
 
     /// The window holding, at the process a transaction reads, the latest
