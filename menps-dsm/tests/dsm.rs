@@ -79,6 +79,15 @@ fn deferred_merges_of_stale_pins_are_never_stale_all_policies() {
 }
 
 #[test]
+fn speculative_reads_hold_the_latest_version_or_are_read_again_all_policies() {
+    run_everywhere_with(
+        "speculative_reads",
+        &[2, 3, 4],
+        &[("MENPS_DSM_REFRESH", "0")],
+    );
+}
+
+#[test]
 fn rewritten_runs_all_policies() {
     run_everywhere("rewritten_runs", &[2, 3]);
 }

@@ -233,6 +233,22 @@ fn mpi_served_rma_dsm_scenarios() {
         let run = job(scenario, n, POLICIES[0], &served);
         assert_passed(&run, &format!("{scenario}, {n} processes, served RMA"), n);
     }
+    // A speculative read travels in the request of the swap that tries its
+    // lock (the target performs them in order); without the refresh of hot
+    // blocks, whose fetches at the acquires would leave no read misses.
+    let env: Vec<(&str, &str)> = served
+        .iter()
+        .copied()
+        .chain([("MENPS_DSM_REFRESH", "0")])
+        .collect();
+    for n in [2, 3] {
+        let run = job("speculative_reads", n, POLICIES[0], &env);
+        assert_passed(
+            &run,
+            &format!("speculative_reads, {n} processes, served RMA"),
+            n,
+        );
+    }
 }
 
 /// Modelled one-way latency of [`mpi_scenarios_across_simulated_hosts`]

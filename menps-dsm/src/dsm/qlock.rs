@@ -105,6 +105,38 @@ pub(crate) struct LadRead<'a> {
     pub at: &'a dyn Fn(usize) -> RemotePtr,
     /// Where the LAD goes.
     pub buf: &'a mut [u8],
+    /// A speculative read of the data the lock protects, sent with the
+    /// first swap (at the probable owner our word names) and performed
+    /// after it: if that swap takes the lock, the data is what the lock
+    /// protects at that process. See [`LadRead::data_from`].
+    pub data: Option<DataRead<'a>>,
+    /// Set to the process `data` was read at when the swap in front of it
+    /// took the lock (`Granted::FromOwner` of that process); `None` if the
+    /// speculative read is void (or there was none).
+    pub data_from: Option<usize>,
+}
+
+/// A speculative read of the data of a run of sites of [`try_lock_all`]
+/// (`sites`, indices into its sites).
+pub(crate) struct RunRead<'a> {
+    /// The sites whose data `data` reads.
+    pub sites: core::ops::Range<usize>,
+    /// The read, made at the process the sites are tried at.
+    pub data: DataRead<'a>,
+    /// Set to that process if the read was made.
+    pub read_at: Option<usize>,
+}
+
+/// A speculative data read ([`LadRead::data`], [`RunRead`]): where,
+/// at whichever process it is sent to, and the buffer (which a void read
+/// may have filled with anything).
+pub(crate) struct DataRead<'a> {
+    /// The window the data is in, at every process.
+    pub win: WindowId,
+    /// Its offset in each process's part of the window.
+    pub off: u64,
+    /// Where it goes.
+    pub buf: &'a mut [u8],
 }
 
 /// Takes the lock as [`lock`] does, and when it is taken from a free owner
@@ -120,15 +152,16 @@ pub(crate) struct LadRead<'a> {
 pub(crate) fn lock_reading<C: Communicator>(
     com: &C,
     site: &LockSite,
-    lad: LadRead<'_>,
+    lad: &mut LadRead<'_>,
 ) -> DsmResult<Granted> {
+    lad.data_from = None;
     lock_inner(com, site, Some(lad))
 }
 
 fn lock_inner<C: Communicator>(
     com: &C,
     site: &LockSite,
-    mut lad: Option<LadRead<'_>>,
+    mut lad: Option<&mut LadRead<'_>>,
 ) -> DsmResult<Granted> {
     let me = com.rank();
     let mine = site.word(me);
@@ -189,8 +222,23 @@ fn lock_inner<C: Communicator>(
             None => com.compare_and_swap(target, owned, link_raw(me))?,
             Some(l) => {
                 let mut ops = [CasOp::new(target, owned, link_raw(me))];
-                let mut reads = [((l.at)(p), &mut *l.buf)];
-                com.compare_and_swap_then_read_all(&mut ops, &mut reads)?;
+                // The speculative data read goes with the first swap only:
+                // later ones chase a lock that has moved on, where the
+                // data is less likely to be.
+                match l.data.as_mut().filter(|_| via.is_none()) {
+                    Some(d) => {
+                        let mut reads =
+                            [((l.at)(p), &mut *l.buf), (d.win.at(p, d.off), &mut *d.buf)];
+                        com.compare_and_swap_then_read_all(&mut ops, &mut reads)?;
+                        if ops[0].old == owned {
+                            l.data_from = Some(p);
+                        }
+                    }
+                    None => {
+                        let mut reads = [((l.at)(p), &mut *l.buf)];
+                        com.compare_and_swap_then_read_all(&mut ops, &mut reads)?;
+                    }
+                }
                 ops[0].old
             }
         };
@@ -251,11 +299,19 @@ fn lock_inner<C: Communicator>(
 /// marked; only this process changes its word away from a link, so the
 /// marking cannot fail. A LAD read at the owner is performed after our swap
 /// there, so it is the one the lock now protects.
+///
+/// `runs` may add speculative reads, one per run of sites (the data of
+/// blocks that lie one after the other, in one read): a run whose sites
+/// are all tried at one probable owner `p` is read there, after the swaps
+/// (its `read_at` says so); a site of it granted `FromOwner(p)` then had
+/// its data read under the lock, the others' data is anything. A run whose
+/// sites are tried at several processes, or taken here, is not read.
 pub(crate) fn try_lock_all<C: Communicator>(
     com: &C,
     sites: &[LockSite],
     lads: &mut [&mut [u8]],
     lad_at: impl Fn(usize, usize) -> RemotePtr,
+    runs: &mut [RunRead<'_>],
 ) -> DsmResult<Vec<Option<Granted>>> {
     debug_assert_eq!(sites.len(), lads.len());
     let me = com.rank();
@@ -297,6 +353,21 @@ pub(crate) fn try_lock_all<C: Communicator>(
         .enumerate()
         .filter_map(|(i, (h, buf))| h.map(|p| (lad_at(i, p), &mut **buf)))
         .collect();
+    for run in runs.iter_mut() {
+        run.read_at = None;
+        let first = run.sites.start;
+        let Some(&Some(p)) = holders.get(first) else {
+            continue;
+        };
+        let all_there = run
+            .sites
+            .clone()
+            .all(|i| matches!(granted.get(i), Some(None)) && holders.get(i) == Some(&Some(p)));
+        if p != me && all_there {
+            run.read_at = Some(p);
+            reads.push((run.data.win.at(p, run.data.off), &mut *run.data.buf));
+        }
+    }
     com.compare_and_swap_then_read_all(&mut ops, &mut reads)?;
     drop(reads);
     for ((i, raw, p), op) in remote.into_iter().zip(&ops) {

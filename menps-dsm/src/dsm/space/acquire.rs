@@ -14,6 +14,7 @@ use super::super::error::DsmResult;
 use super::super::layout;
 use super::super::segment::{BlockMeta, BlockState, Lad, Segment};
 use super::super::signature::{Signature, WriteNotice};
+use super::transaction::Fetched;
 use super::{Space, TxKind, bump, parallel_tasks};
 
 /// Bytes of hot blocks one refresh batch fetches at most (one buffer of
@@ -145,8 +146,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             m.force_tx = false;
             let was = m.state;
             let latest = fetched[k].then(|| &fresh[k * bs / 8..(k + 1) * bs / 8]);
-            let (_, written, exported, _) =
-                self.transaction_locked(seg, *j, m, kind, was, was.dirty(), lad, latest)?;
+            let (_, written, exported, _) = self.transaction_locked(
+                seg,
+                *j,
+                m,
+                kind,
+                was,
+                was.dirty(),
+                lad,
+                latest.map_or(Fetched::No, Fetched::Buffer),
+            )?;
             self.unlock_announcing(seg, *j, *lad, written || exported)?;
         }
         Ok(())
@@ -164,13 +173,13 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         idxs: &[usize],
     ) -> DsmResult<(Vec<Lad>, super::Tmp<'_>, Vec<bool>)> {
         let bs = seg.block_size;
-        let lads = self.lock_for_prefetch(seg, idxs)?;
+        let (lads, _) = self.lock_for_prefetch(seg, idxs, &mut [])?;
         let mut tmp = self.tmp(idxs.len() * bs);
         let mut fetched = vec![false; idxs.len()];
         let mut reads = Vec::new();
         let mut rest: &mut [u64] = &mut tmp.buf;
         let mut at = 0;
-        for (k, n, home) in self.remote_runs(seg, idxs, &lads) {
+        for (k, n, home) in self.remote_runs(seg, idxs, &lads, &[]) {
             let (_, tail) = rest.split_at_mut((k - at) * bs / 8);
             let (run, tail) = tail.split_at_mut(n * bs / 8);
             rest = tail;
@@ -384,7 +393,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 BlockState::ReadonlyClean,
                 false,
                 lad,
-                None,
+                Fetched::No,
             )?;
             self.unlock_block(seg, *j, *lad)?;
             bump(&self.stats.refreshed);

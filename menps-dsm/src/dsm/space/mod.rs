@@ -187,6 +187,10 @@ pub struct Stats {
     pub dirty_scans: AtomicUsize,
     /// Stale write-shared pins whose merge an acquire deferred.
     pub deferred_refreshes: AtomicUsize,
+    /// Speculative reads that held the latest version.
+    pub speculative_reads: AtomicUsize,
+    /// Speculative reads that did not (read again).
+    pub void_speculations: AtomicUsize,
 }
 
 /// Counters as plain numbers.
@@ -258,6 +262,15 @@ pub struct StatsSnapshot {
     /// merge happens at this process's next access, if any comes before
     /// the block is written elsewhere again (a merge saved otherwise).
     pub deferred_refreshes: usize,
+    /// Read misses and prefetched blocks whose latest version came with the
+    /// swap that took the block's lock (read at the process the lock was
+    /// tried at, which the lock-associated data then named the last
+    /// writer): one round trip for the lock and the data where it took two.
+    pub speculative_reads: usize,
+    /// Speculative reads of the latest version at the wrong process (the
+    /// lock had moved on, or another process read the block last and holds
+    /// its lock): read again from the last writer.
+    pub void_speculations: usize,
 }
 
 impl core::fmt::Display for StatsSnapshot {
@@ -271,7 +284,7 @@ impl core::fmt::Display for StatsSnapshot {
              invalidations={} bytes_fetched={} barriers={} flushes={} fault_ms={:.3} \
              release_ms={:.3} acquire_ms={:.3} barrier_ms={:.3} barrier_wait_ms={:.3} \
              prefetched={} partial_reads={} refreshed={} shared_pins={} scanned_idle={} \
-             dirty_scans={} deferred_refreshes={}",
+             dirty_scans={} deferred_refreshes={} speculative_reads={} void_speculations={}",
             self.read_faults,
             self.write_faults,
             self.written_ahead,
@@ -296,6 +309,8 @@ impl core::fmt::Display for StatsSnapshot {
             self.scanned_idle,
             self.dirty_scans,
             self.deferred_refreshes,
+            self.speculative_reads,
+            self.void_speculations,
         )
     }
 }
@@ -346,6 +361,8 @@ impl Stats {
             scanned_idle: l(&self.scanned_idle),
             dirty_scans: l(&self.dirty_scans),
             deferred_refreshes: l(&self.deferred_refreshes),
+            speculative_reads: l(&self.speculative_reads),
+            void_speculations: l(&self.void_speculations),
         }
     }
 }

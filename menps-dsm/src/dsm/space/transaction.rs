@@ -10,12 +10,26 @@ use crate::com::{Communicator, WindowId};
 
 use super::super::config::{InvalidationPolicy, WriterPolicy};
 use super::super::diff;
-use super::super::error::DsmResult;
+use super::super::error::{DsmError, DsmResult};
 use super::super::layout;
 use super::super::qlock::{self, Granted};
 use super::super::segment::{BlockMeta, BlockState, LAD_OFF, Lad, Segment};
 use super::super::signature::WriteNotice;
 use super::{AtomicOp, Space, TxKind, bump};
+
+/// What a transaction's caller read of the block's latest version before
+/// the transaction (see `Space::transaction_locked`).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Fetched<'a> {
+    /// Nothing: the transaction reads what it needs.
+    No,
+    /// The whole block, into this buffer (a batch's read).
+    Buffer(&'a [u64]),
+    /// What a clean read miss needs (the block, or the page of a partial
+    /// read), straight into our copy (a speculative read that held the
+    /// latest version).
+    InCopy,
+}
 
 impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     // ---------------------------------------------------------------
@@ -29,26 +43,53 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// Takes block `idx`'s global lock; returns its LAD.
     pub(super) fn lock_block(&self, seg: &Segment<U>, idx: usize) -> DsmResult<Lad> {
+        self.lock_block_reading(seg, idx, None).map(|(lad, _)| lad)
+    }
+
+    /// [`Space::lock_block`], reading speculatively into `data` the latest
+    /// version's bytes at offset `at` of the block (`data.len()` of them)
+    /// as they are at the process the lock is first tried at, with the swap
+    /// there (see [`qlock::LadRead::data`]): one round trip for the lock,
+    /// its LAD and the data, where the block's last writer still holds its
+    /// lock. Returns the LAD and whether `data` holds the latest version
+    /// (the lock was taken from that process, and the LAD names it the
+    /// last writer); otherwise `data` holds anything.
+    pub(super) fn lock_block_reading(
+        &self,
+        seg: &Segment<U>,
+        idx: usize,
+        data: Option<(usize, &mut [u8])>,
+    ) -> DsmResult<(Lad, bool)> {
         match self.cfg.writer {
             WriterPolicy::Floating => {
                 let site = self.block_site(seg, idx);
                 let slot = seg.meta_off(idx) + LAD_OFF as u64;
                 let at = |p: usize| seg.meta_win.at(p, slot);
                 let mut buf = [0u8; Lad::BYTES];
-                let lad = qlock::LadRead {
+                let mut lad = qlock::LadRead {
                     at: &at,
                     buf: &mut buf,
+                    data: data.map(|(at, buf)| qlock::DataRead {
+                        win: self.latest_win(seg),
+                        off: seg.offset(idx) + at as u64,
+                        buf,
+                    }),
+                    data_from: None,
                 };
-                match qlock::lock_reading(&self.com, &site, lad)? {
-                    Granted::Local => self.read_lad(seg.meta_win, self.rank, seg.meta_off(idx)),
-                    Granted::FromOwner(_) => Lad::from_bytes(&buf),
-                    Granted::HandOff(_, bytes) => Lad::from_bytes(&bytes),
-                }
+                let granted = qlock::lock_reading(&self.com, &site, &mut lad)?;
+                let data_from = lad.data_from;
+                let lad = match granted {
+                    Granted::Local => self.read_lad(seg.meta_win, self.rank, seg.meta_off(idx))?,
+                    Granted::FromOwner(_) => Lad::from_bytes(&buf)?,
+                    Granted::HandOff(_, bytes) => Lad::from_bytes(&bytes)?,
+                };
+                let latest = data_from.is_some_and(|p| self.tx_home(seg, idx, &lad) == p);
+                Ok((lad, latest))
             }
             WriterPolicy::Fixed => {
                 let home = self.fixed_home(seg, idx);
                 qlock::spin_lock(&self.com, seg.meta_win.at(home, seg.meta_off(idx)))?;
-                self.read_lad(seg.meta_win, home, seg.meta_off(idx))
+                Ok((self.read_lad(seg.meta_win, home, seg.meta_off(idx))?, false))
             }
         }
     }
@@ -105,8 +146,39 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let was = m.state;
         let dirty = was.dirty();
         m.force_tx = false;
-        let mut lad = self.lock_block(seg, idx)?;
-        let result = self.transaction_locked(seg, idx, m, kind, was, dirty, &mut lad, None);
+        // A read miss of a clean invalid block reads the block (or its page)
+        // speculatively with its lock's swap, into our copy.
+        let spec = match kind {
+            TxKind::Read => Some((0, seg.block_size)),
+            TxKind::ReadPage(p) => {
+                let page = crate::sys::page_size();
+                Some((p * page, page))
+            }
+            _ => None,
+        }
+        .filter(|_| self.speculates(m));
+        let (mut lad, fetched) = match spec {
+            Some((at, len)) => {
+                // SAFETY: our copy of the block, which is invalid (the
+                // application view has no access) and whose entry lock the
+                // caller holds: nobody else touches it, and what a void read
+                // leaves in it is overwritten by the transaction.
+                let buf = unsafe { core::slice::from_raw_parts_mut(seg.sys(idx).add(at), len) };
+                let (lad, have) = self.lock_block_reading(seg, idx, Some((at, buf)))?;
+                if have {
+                    bump(&self.stats.speculative_reads);
+                    (lad, Fetched::InCopy)
+                } else {
+                    if let Err(e) = self.void_speculation(seg, idx, &lad) {
+                        self.unlock_block(seg, idx, lad)?;
+                        return Err(e);
+                    }
+                    (lad, Fetched::No)
+                }
+            }
+            None => (self.lock_block(seg, idx)?, Fetched::No),
+        };
+        let result = self.transaction_locked(seg, idx, m, kind, was, dirty, &mut lad, fetched);
         match result {
             Ok((old, written, exported, copied_back_to)) => {
                 if let Some(p) = copied_back_to {
@@ -178,17 +250,26 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// LADs `lads`, locked): one per maximal run of contiguous blocks whose
     /// latest version is at the same other process, as `(position in
     /// idxs, length, home)`. Blocks whose latest version is ours are left
-    /// out. The runs' bytes are counted as fetched.
+    /// out, and so are those `have` marks (read already). The runs' bytes
+    /// are counted as fetched.
     pub(super) fn remote_runs(
         &self,
         seg: &Segment<U>,
         idxs: &[usize],
         lads: &[Lad],
+        have: &[bool],
     ) -> Vec<(usize, usize, usize)> {
         let homes: Vec<usize> = idxs
             .iter()
             .zip(lads)
-            .map(|(&j, lad)| self.tx_home(seg, j, lad))
+            .enumerate()
+            .map(|(k, (&j, lad))| {
+                if have.get(k) == Some(&true) {
+                    self.rank
+                } else {
+                    self.tx_home(seg, j, lad)
+                }
+            })
             .collect();
         let mut runs = Vec::new();
         let mut k = 0;
@@ -219,21 +300,37 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// first, so that every lock waited for is above all the locks held —
     /// all nesting of block locks within a segment is ascending, which
     /// rules out deadlocks. Under the fixed policy they are taken in order.
+    ///
+    /// `spec` may add speculative reads of the blocks' latest versions, one
+    /// per run of contiguous blocks (see [`qlock::try_lock_all`]); the
+    /// second vector says which blocks hold the latest version (read, and
+    /// the lock taken in the try from the process the LAD names the last
+    /// writer).
     pub(super) fn lock_for_prefetch(
         &self,
         seg: &Segment<U>,
         blocks: &[usize],
-    ) -> DsmResult<Vec<Lad>> {
+        spec: &mut [qlock::RunRead<'_>],
+    ) -> DsmResult<(Vec<Lad>, Vec<bool>)> {
+        let mut have = vec![false; blocks.len()];
         if self.cfg.writer == WriterPolicy::Fixed {
-            return blocks.iter().map(|&j| self.lock_block(seg, j)).collect();
+            let lads: DsmResult<Vec<Lad>> =
+                blocks.iter().map(|&j| self.lock_block(seg, j)).collect();
+            return Ok((lads?, have));
         }
         let sites: Vec<_> = blocks.iter().map(|&j| self.block_site(seg, j)).collect();
         let mut bufs = vec![[0u8; Lad::BYTES]; blocks.len()];
         let mut lad_bufs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
-        let granted = qlock::try_lock_all(&self.com, &sites, &mut lad_bufs, |k, holder| {
-            seg.meta_win
-                .at(holder, seg.meta_off(blocks[k]) + LAD_OFF as u64)
-        })?;
+        let granted = qlock::try_lock_all(
+            &self.com,
+            &sites,
+            &mut lad_bufs,
+            |k, holder| {
+                seg.meta_win
+                    .at(holder, seg.meta_off(blocks[k]) + LAD_OFF as u64)
+            },
+            spec,
+        )?;
         drop(lad_bufs);
         let busy = granted
             .iter()
@@ -241,11 +338,18 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             .unwrap_or(blocks.len());
         let mut lads = Vec::with_capacity(blocks.len());
         for (k, (g, b)) in granted.iter().zip(&bufs).enumerate() {
-            if g.is_none() {
+            let Some(g) = g else {
                 continue;
-            }
+            };
             let lad = Lad::from_bytes(b)?;
             if k < busy {
+                if let Granted::FromOwner(p) = g {
+                    let read_at = spec
+                        .iter()
+                        .find(|r| r.sites.contains(&k))
+                        .and_then(|r| r.read_at);
+                    have[k] = read_at == Some(*p) && self.tx_home(seg, blocks[k], &lad) == *p;
+                }
                 lads.push(lad);
             } else {
                 // Given back unchanged: the lock stays here, free.
@@ -255,7 +359,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         for &j in &blocks[busy..] {
             lads.push(self.lock_block(seg, j)?);
         }
-        Ok(lads)
+        Ok((lads, have))
     }
 
     /// Sequential prefetch of the clean invalid blocks `blocks` (ascending,
@@ -271,15 +375,59 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     ) -> DsmResult<()> {
         let bs = seg.block_size;
         let idxs: Vec<usize> = blocks.iter().map(|(j, _)| *j).collect();
-        let mut lads = self.lock_for_prefetch(seg, &idxs)?;
-        for (_, m) in blocks.iter_mut() {
+        // Each run of contiguous blocks whose last writers we know of is
+        // read speculatively with the swaps that try their locks, straight
+        // into our copies.
+        let mut spec = Vec::new();
+        let mut k = 0;
+        while k < blocks.len() {
+            if !self.speculates(blocks[k].1) {
+                k += 1;
+                continue;
+            }
+            let mut n = 1;
+            while k + n < blocks.len()
+                && idxs[k + n] == idxs[k] + n
+                && self.speculates(blocks[k + n].1)
+            {
+                n += 1;
+            }
+            spec.push(qlock::RunRead {
+                sites: k..k + n,
+                data: qlock::DataRead {
+                    win: self.latest_win(seg),
+                    off: seg.offset(idxs[k]),
+                    // SAFETY: our copies of blocks `idxs[k] .. idxs[k] + n`
+                    // (contiguous in the window), which are invalid (the
+                    // application view has no access) and whose entries
+                    // are locked: nobody else touches them, and what a void
+                    // read leaves in them is overwritten below.
+                    buf: unsafe { core::slice::from_raw_parts_mut(seg.sys(idxs[k]), n * bs) },
+                },
+                read_at: None,
+            });
+            k += n;
+        }
+        let (mut lads, have) = self.lock_for_prefetch(seg, &idxs, &mut spec)?;
+        let mut tried = vec![false; blocks.len()];
+        for r in spec.iter().filter(|r| r.read_at.is_some()) {
+            tried[r.sites.clone()].fill(true);
+        }
+        drop(spec);
+        for (k, (j, m)) in blocks.iter_mut().enumerate() {
             debug_assert!(m.state == BlockState::InvalidClean);
             bump(&self.stats.transactions);
             m.force_tx = false;
+            if have[k] {
+                self.stats.bytes_fetched.fetch_add(bs, Ordering::Relaxed);
+                bump(&self.stats.speculative_reads);
+            } else if tried[k] {
+                self.void_speculation(seg, *j, &lads[k])?;
+            }
         }
         // One read per run of contiguous blocks with the same remote home.
         let mut runs = Vec::new();
-        for (k, n, home) in self.remote_runs(seg, &idxs, &lads) {
+        for (k, n, home) in self.remote_runs(seg, &idxs, &lads, &have) {
             let first = idxs[k];
             // SAFETY: our copies of blocks `first .. first + n` (contiguous
             // in the window), which are invalid (the application view has
@@ -292,7 +440,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         drop(runs);
         for ((j, m), lad) in blocks.iter_mut().zip(lads.iter_mut()) {
             let was = m.state;
-            self.transaction_locked(seg, *j, m, TxKind::Prefetch, was, false, lad, None)?;
+            self.transaction_locked(seg, *j, m, TxKind::Prefetch, was, false, lad, Fetched::No)?;
             self.unlock_block(seg, *j, *lad)?;
         }
         Ok(())
@@ -436,11 +584,41 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
     }
 
+    /// Whether a read miss (or a prefetch) of block `m`, clean and
+    /// invalid, reads its latest version speculatively with the swap that
+    /// tries its lock (see [`Space::lock_block_reading`]), straight into our
+    /// copy: under the floating policy, when a write notice (or our last
+    /// transaction) named another process its last writer. Such a copy is
+    /// never the latest version (only a transaction of ours could make us
+    /// its last writer again), so a void read costs nothing but its bytes.
+    pub(super) fn speculates(&self, m: &BlockMeta) -> bool {
+        self.cfg.writer == WriterPolicy::Floating
+            && m.state == BlockState::InvalidClean
+            && m.home != 0
+            && m.home as usize != self.rank + 1
+    }
+
+    /// Checks, for block `idx` whose copy a void speculative read may have
+    /// overwritten, that the transaction goes on to read the latest version
+    /// (`lad` names another process its last writer): the copy was no
+    /// version of ours to keep (see [`Space::speculates`]).
+    fn void_speculation(&self, seg: &Segment<U>, idx: usize, lad: &Lad) -> DsmResult<()> {
+        bump(&self.stats.void_speculations);
+        if self.tx_home(seg, idx, lad) == self.rank {
+            return Err(DsmError::Misuse(format!(
+                "block at {:#x}: a speculative read overwrote a copy whose version is the \
+                 latest (internal error)",
+                seg.app(idx)
+            )));
+        }
+        Ok(())
+    }
+
     /// The body of a transaction, with the global lock held. Updates `lad`
     /// to the new LAD. Returns (old atomic value, written, exported,
-    /// process whose twin we wrote). `fetched`: the latest version, read
-    /// already by a batch (used if the latest version is another
-    /// process's and our copy is dirty).
+    /// process whose twin we wrote). `fetched`: what the caller read of the
+    /// latest version already (used if the latest version is another
+    /// process's).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn transaction_locked(
         &self,
@@ -451,7 +629,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         was: BlockState,
         dirty: bool,
         lad: &mut Lad,
-        fetched: Option<&[u64]>,
+        fetched: Fetched<'_>,
     ) -> DsmResult<(u64, bool, bool, Option<usize>)> {
         let me = self.rank;
         let bs = seg.block_size;
@@ -532,7 +710,9 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     (0, bs)
                 }
             };
-            if !matches!(kind, TxKind::Prefetch) {
+            if matches!(fetched, Fetched::InCopy) {
+                self.stats.bytes_fetched.fetch_add(len, Ordering::Relaxed);
+            } else if !matches!(kind, TxKind::Prefetch) {
                 // SAFETY: `data` is this process's copy of the block, `bs`
                 // bytes, which nobody else writes while we hold its locks;
                 // `at + len <= bs`.
@@ -546,9 +726,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         } else {
             m.missing = 0;
             let mut tmp = None;
+            debug_assert!(!matches!(fetched, Fetched::InCopy));
             let other: &[u64] = match fetched {
-                Some(f) => f,
-                None => {
+                Fetched::Buffer(f) => f,
+                Fetched::No | Fetched::InCopy => {
                     let t = tmp.insert(self.tmp(bs));
                     self.com
                         .read(self.latest_win(seg).at(home, off), t.bytes_mut())?;
