@@ -69,16 +69,20 @@
 //!   other; their locks are tried all at once and the runs read together
 //!   (across hosts, a round trip for each step rather than for each
 //!   block), and the run is then made readable with one `mprotect`.
-//! - **Speculative reads**: a read miss (or a prefetch) of a block whose
-//!   last writer a write notice named sends the read of the latest version
-//!   with the compare-and-swap that tries the block's lock, at the process
-//!   the lock is tried at, performed after the swap: where the lock is
-//!   still at the block's last writer (a reader's usual case), the lock, its
-//!   lock-associated data and the data arrive in one round trip instead of
-//!   two; otherwise (the lock had moved on, or another reader holds it) the
-//!   read is void and the data is read again from the last writer. A
-//!   prefetch reads each run of contiguous blocks tried at one process in
-//!   one read. `MENPS_STATS` counts both outcomes (`speculative_reads`,
+//! - **Speculative reads**: a fetch of a block's latest version under its
+//!   lock — a read miss, a prefetch window, the refresh of hot blocks, the
+//!   merges of write-shared pins — sends the read with the
+//!   compare-and-swap that tries the lock, to the process the lock is
+//!   tried at, performed after the swap (one read per run of contiguous
+//!   blocks tried at one process): where the lock is still at the block's
+//!   last writer (a reader's usual case: the writer took it back when it
+//!   released), the lock, its lock-associated data and the data arrive in
+//!   one round trip instead of two; otherwise (the lock had moved on, or
+//!   another reader holds it) the read is void and the data is read again
+//!   from the last writer. A miss reads straight into its invalid copy,
+//!   and only when a write notice named another process the last writer
+//!   (so that the copy is not the latest version); the others read into a
+//!   buffer. `MENPS_STATS` counts both outcomes (`speculative_reads`,
 //!   `void_speculations`).
 //! - **Partial reads** (`MENPS_DSM_PARTIAL_READ`, on by default): a read
 //!   miss that starts no sequential run, on a clean block larger than a

@@ -12,9 +12,10 @@ use super::super::config::InvalidationPolicy;
 use super::super::diff;
 use super::super::error::DsmResult;
 use super::super::layout;
+use super::super::qlock;
 use super::super::segment::{BlockMeta, BlockState, Lad, Segment};
 use super::super::signature::{Signature, WriteNotice};
-use super::transaction::Fetched;
+use super::transaction::{Fetched, contiguous_runs};
 use super::{Space, TxKind, bump, parallel_tasks};
 
 /// Bytes of hot blocks one refresh batch fetches at most (one buffer of
@@ -163,8 +164,10 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
 
     /// Takes the global locks of blocks `idxs` of `seg` (ascending, see
     /// [`Space::lock_for_prefetch`]) and reads their latest versions into
-    /// one buffer, one read per run of contiguous blocks held by the same
-    /// other process, all in flight together. Returns their LADs, the
+    /// one buffer: speculatively with the swaps, a read per run of
+    /// contiguous blocks at the process their locks are tried at; what that
+    /// did not bring, one read per run of contiguous blocks held by the
+    /// same other process, all in flight together. Returns their LADs, the
     /// buffer (block `k`'s version at words `k * bs / 8 ..`) and which
     /// blocks were read (not those whose latest version is ours).
     fn lock_and_fetch(
@@ -173,13 +176,38 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         idxs: &[usize],
     ) -> DsmResult<(Vec<Lad>, super::Tmp<'_>, Vec<bool>)> {
         let bs = seg.block_size;
-        let (lads, _) = self.lock_for_prefetch(seg, idxs, &mut [])?;
         let mut tmp = self.tmp(idxs.len() * bs);
-        let mut fetched = vec![false; idxs.len()];
+        // Each run of contiguous blocks is read speculatively with the
+        // swaps that try their locks, into the buffer.
+        let mut spec = Vec::new();
+        let mut rest: &mut [u64] = &mut tmp.buf;
+        let mut at = 0;
+        for r in contiguous_runs(idxs, |_| true) {
+            let (_, tail) = rest.split_at_mut((r.start - at) * bs / 8);
+            let (run, tail) = tail.split_at_mut(r.len() * bs / 8);
+            rest = tail;
+            at = r.end;
+            // SAFETY: `run` is `r.len() * bs` bytes of plain words.
+            let buf = unsafe {
+                core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), r.len() * bs)
+            };
+            spec.push(qlock::RunRead {
+                data: qlock::DataRead {
+                    win: self.latest_win(seg),
+                    off: seg.offset(idxs[r.start]),
+                    buf,
+                },
+                sites: r,
+                read_at: None,
+            });
+        }
+        let (lads, have, _) = self.lock_for_prefetch(seg, idxs, &mut spec)?;
+        drop(spec);
+        let mut fetched = have.clone();
         let mut reads = Vec::new();
         let mut rest: &mut [u64] = &mut tmp.buf;
         let mut at = 0;
-        for (k, n, home) in self.remote_runs(seg, idxs, &lads, &[]) {
+        for (k, n, home) in self.remote_runs(seg, idxs, &lads, &have) {
             let (_, tail) = rest.split_at_mut((k - at) * bs / 8);
             let (run, tail) = tail.split_at_mut(n * bs / 8);
             rest = tail;

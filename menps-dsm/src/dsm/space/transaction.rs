@@ -169,7 +169,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     bump(&self.stats.speculative_reads);
                     (lad, Fetched::InCopy)
                 } else {
-                    if let Err(e) = self.void_speculation(seg, idx, &lad) {
+                    bump(&self.stats.void_speculations);
+                    if let Err(e) = self.check_void_speculation(seg, idx, &lad) {
                         self.unlock_block(seg, idx, lad)?;
                         return Err(e);
                     }
@@ -305,18 +306,20 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// per run of contiguous blocks (see [`qlock::try_lock_all`]); the
     /// second vector says which blocks hold the latest version (read, and
     /// the lock taken in the try from the process the LAD names the last
-    /// writer).
+    /// writer: their bytes count as fetched), the third which were read
+    /// in vain (their buffers hold anything).
     pub(super) fn lock_for_prefetch(
         &self,
         seg: &Segment<U>,
         blocks: &[usize],
         spec: &mut [qlock::RunRead<'_>],
-    ) -> DsmResult<(Vec<Lad>, Vec<bool>)> {
+    ) -> DsmResult<(Vec<Lad>, Vec<bool>, Vec<bool>)> {
         let mut have = vec![false; blocks.len()];
+        let mut void = vec![false; blocks.len()];
         if self.cfg.writer == WriterPolicy::Fixed {
             let lads: DsmResult<Vec<Lad>> =
                 blocks.iter().map(|&j| self.lock_block(seg, j)).collect();
-            return Ok((lads?, have));
+            return Ok((lads?, have, void));
         }
         let sites: Vec<_> = blocks.iter().map(|&j| self.block_site(seg, j)).collect();
         let mut bufs = vec![[0u8; Lad::BYTES]; blocks.len()];
@@ -359,7 +362,20 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         for &j in &blocks[busy..] {
             lads.push(self.lock_block(seg, j)?);
         }
-        Ok((lads, have))
+        for r in spec.iter().filter(|r| r.read_at.is_some()) {
+            for k in r.sites.clone() {
+                if have[k] {
+                    bump(&self.stats.speculative_reads);
+                    self.stats
+                        .bytes_fetched
+                        .fetch_add(seg.block_size, Ordering::Relaxed);
+                } else {
+                    bump(&self.stats.void_speculations);
+                    void[k] = true;
+                }
+            }
+        }
+        Ok((lads, have, void))
     }
 
     /// Sequential prefetch of the clean invalid blocks `blocks` (ascending,
@@ -378,51 +394,33 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // Each run of contiguous blocks whose last writers we know of is
         // read speculatively with the swaps that try their locks, straight
         // into our copies.
-        let mut spec = Vec::new();
-        let mut k = 0;
-        while k < blocks.len() {
-            if !self.speculates(blocks[k].1) {
-                k += 1;
-                continue;
-            }
-            let mut n = 1;
-            while k + n < blocks.len()
-                && idxs[k + n] == idxs[k] + n
-                && self.speculates(blocks[k + n].1)
-            {
-                n += 1;
-            }
-            spec.push(qlock::RunRead {
-                sites: k..k + n,
+        let mut spec: Vec<_> = contiguous_runs(&idxs, |k| self.speculates(blocks[k].1))
+            .into_iter()
+            .map(|r| qlock::RunRead {
                 data: qlock::DataRead {
                     win: self.latest_win(seg),
-                    off: seg.offset(idxs[k]),
-                    // SAFETY: our copies of blocks `idxs[k] .. idxs[k] + n`
-                    // (contiguous in the window), which are invalid (the
-                    // application view has no access) and whose entries
-                    // are locked: nobody else touches them, and what a void
-                    // read leaves in them is overwritten below.
-                    buf: unsafe { core::slice::from_raw_parts_mut(seg.sys(idxs[k]), n * bs) },
+                    off: seg.offset(idxs[r.start]),
+                    // SAFETY: our copies of the run's blocks (contiguous in
+                    // the window), which are invalid (the application view
+                    // has no access) and whose entries are locked: nobody
+                    // else touches them, and what a void read leaves in
+                    // them is overwritten below.
+                    buf: unsafe {
+                        core::slice::from_raw_parts_mut(seg.sys(idxs[r.start]), r.len() * bs)
+                    },
                 },
+                sites: r,
                 read_at: None,
-            });
-            k += n;
-        }
-        let (mut lads, have) = self.lock_for_prefetch(seg, &idxs, &mut spec)?;
-        let mut tried = vec![false; blocks.len()];
-        for r in spec.iter().filter(|r| r.read_at.is_some()) {
-            tried[r.sites.clone()].fill(true);
-        }
+            })
+            .collect();
+        let (mut lads, have, void) = self.lock_for_prefetch(seg, &idxs, &mut spec)?;
         drop(spec);
         for (k, (j, m)) in blocks.iter_mut().enumerate() {
             debug_assert!(m.state == BlockState::InvalidClean);
             bump(&self.stats.transactions);
             m.force_tx = false;
-            if have[k] {
-                self.stats.bytes_fetched.fetch_add(bs, Ordering::Relaxed);
-                bump(&self.stats.speculative_reads);
-            } else if tried[k] {
-                self.void_speculation(seg, *j, &lads[k])?;
+            if void[k] {
+                self.check_void_speculation(seg, *j, &lads[k])?;
             }
         }
         // One read per run of contiguous blocks with the same remote home.
@@ -602,8 +600,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// overwritten, that the transaction goes on to read the latest version
     /// (`lad` names another process its last writer): the copy was no
     /// version of ours to keep (see [`Space::speculates`]).
-    fn void_speculation(&self, seg: &Segment<U>, idx: usize, lad: &Lad) -> DsmResult<()> {
-        bump(&self.stats.void_speculations);
+    fn check_void_speculation(&self, seg: &Segment<U>, idx: usize, lad: &Lad) -> DsmResult<()> {
         if self.tx_home(seg, idx, lad) == self.rank {
             return Err(DsmError::Misuse(format!(
                 "block at {:#x}: a speculative read overwrote a copy whose version is the \
@@ -1329,4 +1326,27 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         m.idled_at = 0;
     }
+}
+
+/// The maximal runs of contiguous blocks among `idxs` (ascending) whose
+/// positions are all `eligible`, as ranges of positions in `idxs`.
+pub(super) fn contiguous_runs(
+    idxs: &[usize],
+    eligible: impl Fn(usize) -> bool,
+) -> Vec<core::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut k = 0;
+    while k < idxs.len() {
+        if !eligible(k) {
+            k += 1;
+            continue;
+        }
+        let mut n = 1;
+        while k + n < idxs.len() && idxs[k + n] == idxs[k] + n && eligible(k + n) {
+            n += 1;
+        }
+        runs.push(k..k + n);
+        k += n;
+    }
+    runs
 }
