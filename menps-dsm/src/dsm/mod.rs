@@ -71,19 +71,18 @@
 //!   block), and the run is then made readable with one `mprotect`.
 //! - **Speculative reads**: a fetch of a block's latest version under its
 //!   lock — a read miss, a prefetch window, the refresh of hot blocks, the
-//!   merges of write-shared pins — sends the read with the
-//!   compare-and-swap that tries the lock, to the process the lock is
-//!   tried at, performed after the swap (one read per run of contiguous
-//!   blocks tried at one process): where the lock is still at the block's
-//!   last writer (a reader's usual case: the writer took it back when it
-//!   released), the lock, its lock-associated data and the data arrive in
-//!   one round trip instead of two; otherwise (the lock had moved on, or
-//!   another reader holds it) the read is void and the data is read again
-//!   from the last writer. A miss reads straight into its invalid copy,
-//!   and only when a write notice named another process the last writer
-//!   (so that the copy is not the latest version); the others read into a
-//!   buffer. `MENPS_STATS` counts both outcomes (`speculative_reads`,
-//!   `void_speculations`).
+//!   merges of write-shared pins — whose lock is tried at the process that
+//!   a write notice named the block's last writer sends the read of the
+//!   data with that compare-and-swap, performed after it (one read per run
+//!   of contiguous blocks): if the swap took the lock and the
+//!   lock-associated data confirms the last writer (a reader's usual case:
+//!   the writer took the lock back when it released), the lock, its data
+//!   and the block arrive in one round trip instead of two; otherwise the
+//!   read is void and the block is read again from the last writer. A
+//!   lock held by another reader is not tried with a read. A miss reads
+//!   straight into its invalid copy (which is then never the latest
+//!   version); the others read into a buffer. `MENPS_STATS` counts both
+//!   outcomes (`speculative_reads`, `void_speculations`).
 //! - **Partial reads** (`MENPS_DSM_PARTIAL_READ`, on by default): a read
 //!   miss that starts no sequential run, on a clean block larger than a
 //!   page (up to 64 pages), fetches only the page it touched, under the

@@ -106,8 +106,8 @@ pub(crate) struct LadRead<'a> {
     /// Where the LAD goes.
     pub buf: &'a mut [u8],
     /// A speculative read of the data the lock protects, sent with the
-    /// first swap (at the probable owner our word names) and performed
-    /// after it: if that swap takes the lock, the data is what the lock
+    /// first swap (at the probable owner our word names, if that is where
+    /// the read expects the data) and performed after it: if that swap takes the lock, the data is what the lock
     /// protects at that process. See [`LadRead::data_from`].
     pub data: Option<DataRead<'a>>,
     /// Set to the process `data` was read at when the swap in front of it
@@ -131,6 +131,10 @@ pub(crate) struct RunRead<'a> {
 /// at whichever process it is sent to, and the buffer (which a void read
 /// may have filled with anything).
 pub(crate) struct DataRead<'a> {
+    /// The process the data is expected at (the block's last writer as far
+    /// as we know): the read is made only if the lock is tried there, so
+    /// that a lock held elsewhere (by a reader) costs no void read.
+    pub expect: usize,
     /// The window the data is in, at every process.
     pub win: WindowId,
     /// Its offset in each process's part of the window.
@@ -225,7 +229,7 @@ fn lock_inner<C: Communicator>(
                 // The speculative data read goes with the first swap only:
                 // later ones chase a lock that has moved on, where the
                 // data is less likely to be.
-                match l.data.as_mut().filter(|_| via.is_none()) {
+                match l.data.as_mut().filter(|d| via.is_none() && d.expect == p) {
                     Some(d) => {
                         let mut reads =
                             [((l.at)(p), &mut *l.buf), (d.win.at(p, d.off), &mut *d.buf)];
@@ -302,8 +306,8 @@ fn lock_inner<C: Communicator>(
 ///
 /// `runs` may add speculative reads, one per run of sites (the data of
 /// blocks that lie one after the other, in one read): a run whose sites
-/// are all tried at one probable owner `p` is read there, after the swaps
-/// (its `read_at` says so); a site of it granted `FromOwner(p)` then had
+/// are all tried at the probable owner `p` it expects its data at is read
+/// there, after the swaps (its `read_at` says so); a site of it granted `FromOwner(p)` then had
 /// its data read under the lock, the others' data is anything. A run whose
 /// sites are tried at several processes, or taken here, is not read.
 pub(crate) fn try_lock_all<C: Communicator>(
@@ -363,7 +367,7 @@ pub(crate) fn try_lock_all<C: Communicator>(
             .sites
             .clone()
             .all(|i| matches!(granted.get(i), Some(None)) && holders.get(i) == Some(&Some(p)));
-        if p != me && all_there {
+        if p != me && p == run.data.expect && all_there {
             run.read_at = Some(p);
             reads.push((run.data.win.at(p, run.data.off), &mut *run.data.buf));
         }

@@ -139,7 +139,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         let bs = seg.block_size;
         let idxs: Vec<usize> = blocks.iter().map(|(j, _)| *j).collect();
-        let (mut lads, tmp, fetched) = self.lock_and_fetch(seg, &idxs)?;
+        let homes: Vec<u32> = blocks.iter().map(|(_, m)| m.home).collect();
+        let (mut lads, tmp, fetched) = self.lock_and_fetch(seg, &idxs, &homes)?;
         let fresh = &tmp.buf;
         for (k, ((j, m), lad)) in blocks.iter_mut().zip(lads.iter_mut()).enumerate() {
             let m: &mut BlockMeta = m;
@@ -165,7 +166,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// Takes the global locks of blocks `idxs` of `seg` (ascending, see
     /// [`Space::lock_for_prefetch`]) and reads their latest versions into
     /// one buffer: speculatively with the swaps, a read per run of
-    /// contiguous blocks at the process their locks are tried at; what that
+    /// contiguous blocks whose last writer `homes` names (as
+    /// `BlockMeta::home` does) where their locks are tried there; what that
     /// did not bring, one read per run of contiguous blocks held by the
     /// same other process, all in flight together. Returns their LADs, the
     /// buffer (block `k`'s version at words `k * bs / 8 ..`) and which
@@ -174,15 +176,21 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         &self,
         seg: &Segment<U>,
         idxs: &[usize],
+        homes: &[u32],
     ) -> DsmResult<(Vec<Lad>, super::Tmp<'_>, Vec<bool>)> {
         let bs = seg.block_size;
         let mut tmp = self.tmp(idxs.len() * bs);
-        // Each run of contiguous blocks is read speculatively with the
-        // swaps that try their locks, into the buffer.
+        // Each run of contiguous blocks with one known last writer (other
+        // than us) is read speculatively with the swaps that try their
+        // locks, into the buffer.
+        let expect = |k: usize| {
+            let h = homes[k] as usize;
+            (h != 0 && h != self.rank + 1).then(|| h - 1)
+        };
         let mut spec = Vec::new();
         let mut rest: &mut [u64] = &mut tmp.buf;
         let mut at = 0;
-        for r in contiguous_runs(idxs, |_| true) {
+        for (r, expect) in contiguous_runs(idxs, expect) {
             let (_, tail) = rest.split_at_mut((r.start - at) * bs / 8);
             let (run, tail) = tail.split_at_mut(r.len() * bs / 8);
             rest = tail;
@@ -193,6 +201,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             };
             spec.push(qlock::RunRead {
                 data: qlock::DataRead {
+                    expect,
                     win: self.latest_win(seg),
                     off: seg.offset(idxs[r.start]),
                     buf,
@@ -400,7 +409,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         let bs = seg.block_size;
         let idxs: Vec<usize> = blocks.iter().map(|(j, _)| *j).collect();
-        let (mut lads, tmp, fetched) = self.lock_and_fetch(seg, &idxs)?;
+        let homes: Vec<u32> = blocks.iter().map(|(_, m)| m.home).collect();
+        let (mut lads, tmp, fetched) = self.lock_and_fetch(seg, &idxs, &homes)?;
         let fresh = &tmp.buf;
         for (k, ((j, m), lad)) in blocks.iter_mut().zip(lads.iter_mut()).enumerate() {
             if fetched[k] {

@@ -49,7 +49,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// [`Space::lock_block`], reading speculatively into `data` the latest
     /// version's bytes at offset `at` of the block (`data.len()` of them)
     /// as they are at the process the lock is first tried at, with the swap
-    /// there (see [`qlock::LadRead::data`]): one round trip for the lock,
+    /// there, if that is the process `expect` (see
+    /// [`qlock::LadRead::data`]): one round trip for the lock,
     /// its LAD and the data, where the block's last writer still holds its
     /// lock. Returns the LAD and whether `data` holds the latest version
     /// (the lock was taken from that process, and the LAD names it the
@@ -58,7 +59,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         &self,
         seg: &Segment<U>,
         idx: usize,
-        data: Option<(usize, &mut [u8])>,
+        data: Option<(usize, usize, &mut [u8])>,
     ) -> DsmResult<(Lad, bool)> {
         match self.cfg.writer {
             WriterPolicy::Floating => {
@@ -69,7 +70,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 let mut lad = qlock::LadRead {
                     at: &at,
                     buf: &mut buf,
-                    data: data.map(|(at, buf)| qlock::DataRead {
+                    data: data.map(|(expect, at, buf)| qlock::DataRead {
+                        expect,
                         win: self.latest_win(seg),
                         off: seg.offset(idx) + at as u64,
                         buf,
@@ -164,7 +166,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 // caller holds: nobody else touches it, and what a void read
                 // leaves in it is overwritten by the transaction.
                 let buf = unsafe { core::slice::from_raw_parts_mut(seg.sys(idx).add(at), len) };
-                let (lad, have) = self.lock_block_reading(seg, idx, Some((at, buf)))?;
+                let expect = m.home as usize - 1;
+                let (lad, have) = self.lock_block_reading(seg, idx, Some((expect, at, buf)))?;
                 if have {
                     bump(&self.stats.speculative_reads);
                     (lad, Fetched::InCopy)
@@ -394,10 +397,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // Each run of contiguous blocks whose last writers we know of is
         // read speculatively with the swaps that try their locks, straight
         // into our copies.
-        let mut spec: Vec<_> = contiguous_runs(&idxs, |k| self.speculates(blocks[k].1))
+        let expect = |k: usize| {
+            let m: &BlockMeta = blocks[k].1;
+            self.speculates(m).then(|| m.home as usize - 1)
+        };
+        let mut spec: Vec<_> = contiguous_runs(&idxs, expect)
             .into_iter()
-            .map(|r| qlock::RunRead {
+            .map(|(r, expect)| qlock::RunRead {
                 data: qlock::DataRead {
+                    expect,
                     win: self.latest_win(seg),
                     off: seg.offset(idxs[r.start]),
                     // SAFETY: our copies of the run's blocks (contiguous in
@@ -1328,24 +1336,28 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     }
 }
 
-/// The maximal runs of contiguous blocks among `idxs` (ascending) whose
-/// positions are all `eligible`, as ranges of positions in `idxs`.
-pub(super) fn contiguous_runs(
+/// The maximal runs of contiguous blocks among `idxs` (ascending) with
+/// one `key` (positions whose key is `None` are in no run), as ranges of
+/// positions in `idxs` with their key.
+pub(super) fn contiguous_runs<K: PartialEq>(
     idxs: &[usize],
-    eligible: impl Fn(usize) -> bool,
-) -> Vec<core::ops::Range<usize>> {
+    key: impl Fn(usize) -> Option<K>,
+) -> Vec<(core::ops::Range<usize>, K)> {
     let mut runs = Vec::new();
     let mut k = 0;
     while k < idxs.len() {
-        if !eligible(k) {
+        let Some(first) = key(k) else {
             k += 1;
             continue;
-        }
+        };
         let mut n = 1;
-        while k + n < idxs.len() && idxs[k + n] == idxs[k] + n && eligible(k + n) {
+        while k + n < idxs.len()
+            && idxs[k + n] == idxs[k] + n
+            && key(k + n).as_ref() == Some(&first)
+        {
             n += 1;
         }
-        runs.push(k..k + n);
+        runs.push((k..k + n, first));
         k += n;
     }
     runs
