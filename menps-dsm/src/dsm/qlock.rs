@@ -152,7 +152,9 @@ pub(crate) struct DataRead<'a> {
 /// beside swaps that failed are ignored (an empty hand-off, which leaves the
 /// LAD at the previous holder, reads it there: also `FromOwner`). The other
 /// grants leave `lad.buf` as it was: the LAD is local, or came with the
-/// hand-off.
+/// hand-off. A speculative `lad.data` read goes with the first swap if that
+/// is tried at the process it expects; `lad.data_from` then says whether
+/// the swap took the lock there.
 pub(crate) fn lock_reading<C: Communicator>(
     com: &C,
     site: &LockSite,

@@ -187,19 +187,12 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             let h = homes[k] as usize;
             (h != 0 && h != self.rank + 1).then(|| h - 1)
         };
-        let mut spec = Vec::new();
-        let mut rest: &mut [u64] = &mut tmp.buf;
-        let mut at = 0;
-        for (r, expect) in contiguous_runs(idxs, expect) {
-            let (_, tail) = rest.split_at_mut((r.start - at) * bs / 8);
-            let (run, tail) = tail.split_at_mut(r.len() * bs / 8);
-            rest = tail;
-            at = r.end;
-            // SAFETY: `run` is `r.len() * bs` bytes of plain words.
-            let buf = unsafe {
-                core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), r.len() * bs)
-            };
-            spec.push(qlock::RunRead {
+        let runs = contiguous_runs(idxs, expect);
+        let ranges: Vec<_> = runs.iter().map(|(r, _)| r.clone()).collect();
+        let mut spec: Vec<_> = run_bytes(&mut tmp.buf, &ranges, bs)
+            .into_iter()
+            .zip(runs)
+            .map(|(buf, (r, expect))| qlock::RunRead {
                 data: qlock::DataRead {
                     expect,
                     win: self.latest_win(seg),
@@ -208,23 +201,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                 },
                 sites: r,
                 read_at: None,
-            });
-        }
+            })
+            .collect();
         let (lads, have, _) = self.lock_for_prefetch(seg, idxs, &mut spec)?;
         drop(spec);
         let mut fetched = have.clone();
+        let runs = self.remote_runs(seg, idxs, &lads, &have);
+        let ranges: Vec<_> = runs.iter().map(|&(k, n, _)| k..k + n).collect();
         let mut reads = Vec::new();
-        let mut rest: &mut [u64] = &mut tmp.buf;
-        let mut at = 0;
-        for (k, n, home) in self.remote_runs(seg, idxs, &lads, &have) {
-            let (_, tail) = rest.split_at_mut((k - at) * bs / 8);
-            let (run, tail) = tail.split_at_mut(n * bs / 8);
-            rest = tail;
-            at = k + n;
+        for (dst, &(k, n, home)) in run_bytes(&mut tmp.buf, &ranges, bs).into_iter().zip(&runs) {
             fetched[k..k + n].fill(true);
-            // SAFETY: `run` is `n * bs` bytes of plain words.
-            let dst =
-                unsafe { core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), n * bs) };
             reads.push((self.latest_win(seg).at(home, seg.offset(idxs[k])), dst));
         }
         self.com.read_all(&mut reads)?;
@@ -603,4 +589,29 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         }
         Ok(())
     }
+}
+
+/// The bytes of `buf` (blocks of `bs` bytes, block `k` at words
+/// `k * bs / 8 ..`) of each of `runs` (ascending, disjoint ranges of
+/// blocks), one slice per run.
+fn run_bytes<'b>(
+    buf: &'b mut [u64],
+    runs: &[core::ops::Range<usize>],
+    bs: usize,
+) -> Vec<&'b mut [u8]> {
+    let mut out = Vec::with_capacity(runs.len());
+    let mut rest = buf;
+    let mut at = 0;
+    for r in runs {
+        let (_, tail) = core::mem::take(&mut rest).split_at_mut((r.start - at) * bs / 8);
+        let (run, tail) = tail.split_at_mut(r.len() * bs / 8);
+        rest = tail;
+        at = r.end;
+        // SAFETY: `run` is `r.len() * bs` bytes of plain words, borrowed
+        // from `buf` for `'b` and disjoint from every other slice returned.
+        out.push(unsafe {
+            core::slice::from_raw_parts_mut(run.as_mut_ptr().cast::<u8>(), r.len() * bs)
+        });
+    }
+    out
 }
