@@ -12,7 +12,6 @@ use super::super::config::InvalidationPolicy;
 use super::super::diff;
 use super::super::error::DsmResult;
 use super::super::layout;
-use super::super::qlock;
 use super::super::segment::{BlockMeta, BlockState, Lad, Segment};
 use super::super::signature::{Signature, WriteNotice};
 use super::transaction::{Fetched, contiguous_runs};
@@ -192,16 +191,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         let mut spec: Vec<_> = run_bytes(&mut tmp.buf, &ranges, bs)
             .into_iter()
             .zip(runs)
-            .map(|(buf, (r, expect))| qlock::RunRead {
-                data: qlock::DataRead {
-                    expect,
-                    win: self.latest_win(seg),
-                    off: seg.offset(idxs[r.start]),
-                    buf,
-                },
-                sites: r,
-                read_at: None,
-            })
+            .map(|(buf, (r, expect))| self.run_read(seg, idxs[r.start], r, expect, buf))
             .collect();
         let (lads, have, _) = self.lock_for_prefetch(seg, idxs, &mut spec)?;
         drop(spec);

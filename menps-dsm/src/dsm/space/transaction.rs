@@ -342,6 +342,11 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             .iter()
             .position(Option::is_none)
             .unwrap_or(blocks.len());
+        // Where each block's data was read speculatively, if it was.
+        let mut read_at = vec![None; blocks.len()];
+        for r in spec.iter() {
+            read_at[r.sites.clone()].fill(r.read_at);
+        }
         let mut lads = Vec::with_capacity(blocks.len());
         for (k, (g, b)) in granted.iter().zip(&bufs).enumerate() {
             let Some(g) = g else {
@@ -350,11 +355,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             let lad = Lad::from_bytes(b)?;
             if k < busy {
                 if let Granted::FromOwner(p) = g {
-                    let read_at = spec
-                        .iter()
-                        .find(|r| r.sites.contains(&k))
-                        .and_then(|r| r.read_at);
-                    have[k] = read_at == Some(*p) && self.tx_home(seg, blocks[k], &lad) == *p;
+                    have[k] = read_at[k] == Some(*p) && self.tx_home(seg, blocks[k], &lad) == *p;
                 }
                 lads.push(lad);
             } else {
@@ -365,17 +366,15 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         for &j in &blocks[busy..] {
             lads.push(self.lock_block(seg, j)?);
         }
-        for r in spec.iter().filter(|r| r.read_at.is_some()) {
-            for k in r.sites.clone() {
-                if have[k] {
-                    bump(&self.stats.speculative_reads);
-                    self.stats
-                        .bytes_fetched
-                        .fetch_add(seg.block_size, Ordering::Relaxed);
-                } else {
-                    bump(&self.stats.void_speculations);
-                    void[k] = true;
-                }
+        for k in (0..blocks.len()).filter(|&k| read_at[k].is_some()) {
+            if have[k] {
+                bump(&self.stats.speculative_reads);
+                self.stats
+                    .bytes_fetched
+                    .fetch_add(seg.block_size, Ordering::Relaxed);
+            } else {
+                bump(&self.stats.void_speculations);
+                void[k] = true;
             }
         }
         Ok((lads, have, void))
@@ -403,22 +402,16 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         };
         let mut spec: Vec<_> = contiguous_runs(&idxs, expect)
             .into_iter()
-            .map(|(r, expect)| qlock::RunRead {
-                data: qlock::DataRead {
-                    expect,
-                    win: self.latest_win(seg),
-                    off: seg.offset(idxs[r.start]),
-                    // SAFETY: our copies of the run's blocks (contiguous in
-                    // the window), which are invalid (the application view
-                    // has no access) and whose entries are locked: nobody
-                    // else touches them, and what a void read leaves in
-                    // them is overwritten below.
-                    buf: unsafe {
-                        core::slice::from_raw_parts_mut(seg.sys(idxs[r.start]), r.len() * bs)
-                    },
-                },
-                sites: r,
-                read_at: None,
+            .map(|(r, expect)| {
+                // SAFETY: our copies of the run's blocks (contiguous in the
+                // window), which are invalid (the application view has no
+                // access) and whose entries are locked: nobody else touches
+                // them, and what a void read leaves in them is overwritten
+                // below.
+                let buf = unsafe {
+                    core::slice::from_raw_parts_mut(seg.sys(idxs[r.start]), r.len() * bs)
+                };
+                self.run_read(seg, idxs[r.start], r, expect, buf)
             })
             .collect();
         let (mut lads, have, void) = self.lock_for_prefetch(seg, &idxs, &mut spec)?;
@@ -587,6 +580,30 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
                     lad.last_writer as usize - 1
                 }
             }
+        }
+    }
+
+    /// The speculative read, for [`Self::lock_for_prefetch`], of the latest
+    /// versions of the run of blocks at `sites` (positions in its blocks),
+    /// the first of them block `first` of `seg`, expected at process
+    /// `expect`, into `buf`.
+    pub(super) fn run_read<'b>(
+        &self,
+        seg: &Segment<U>,
+        first: usize,
+        sites: core::ops::Range<usize>,
+        expect: usize,
+        buf: &'b mut [u8],
+    ) -> qlock::RunRead<'b> {
+        qlock::RunRead {
+            data: qlock::DataRead {
+                expect,
+                win: self.latest_win(seg),
+                off: seg.offset(first),
+                buf,
+            },
+            sites,
+            read_at: None,
         }
     }
 
