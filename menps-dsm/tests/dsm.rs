@@ -103,6 +103,11 @@ fn silent_rewrites_cost_no_transaction_all_policies() {
 }
 
 #[test]
+fn blocks_rewritten_unchanged_stop_faulting_all_policies() {
+    run_everywhere("unchanged_rewrites", &[2, 3]);
+}
+
+#[test]
 fn blocks_written_in_turn_released_on_the_version_taken_all_policies() {
     run_everywhere("taken_releases", &[2, 3]);
 }

@@ -44,8 +44,12 @@
 //!   written in one phase, released at every barrier of the others) is
 //!   *idle*: it announces nothing, and readers keep their copies; a block
 //!   idle at several releases in a row is protected and leaves the write
-//!   set. So is the release of a writable block another process wrote
-//!   last, unchanged since we took it (the program stored the values it
+//!   set (how many adapts per block: a block written again soon after it
+//!   was protected stays listed longer next time, and one that still is at
+//!   the longest limit, because its program keeps storing values it
+//!   already holds as a converged vector's update does, stays listed until
+//!   it has been idle for 255 releases). Idle too is the release of a
+//!   writable block another process wrote last, unchanged since we took it (the program stored the values it
 //!   held): no transaction, since there is nothing to merge (not under fast
 //!   read); and so is a release of an unchanged block whose lock has moved
 //!   on. A block another process wrote last is also released without a

@@ -59,6 +59,7 @@ pub fn job_entry() {
         "rewritten_runs" => rewritten_runs(&dsm),
         "idle_limit" => idle_limit(&dsm),
         "silent_rewrites" => silent_rewrites(&dsm),
+        "unchanged_rewrites" => unchanged_rewrites(&dsm),
         "taken_releases" => taken_releases(&dsm),
         "prefetch_invalidated" => prefetch_invalidated(&dsm),
         "hot_refresh" => hot_refresh(&dsm),
@@ -1595,6 +1596,63 @@ fn idle_limit(dsm: &D) {
             late,
             0,
             "process {me}: a block rewritten every third release still faults \
+             ({faults:?}); {}",
+            dsm.stats()
+        );
+    }
+}
+
+/// A block its process keeps writing without changing it: every third
+/// release each process stores the same value into its own 4 KiB block
+/// again (a converged vector that `x += alpha * p` no longer moves). Every
+/// release finds the block idle, so the idle releases protect it, and the
+/// next store faults; the limit grows with each fault that came soon after
+/// the protection, and once it has reached its largest value a block that
+/// still faults that soon stays listed. The later rounds must take no write
+/// fault (before, the block was protected every 16 releases and faulted
+/// again, forever). The values are checked everywhere at the end.
+fn unchanged_rewrites(dsm: &D) {
+    const ROUNDS: usize = 48;
+    let (me, n) = (dsm.rank(), dsm.nprocs());
+    let words = 4096 / 8;
+    let p = dsm.alloc_segment(n * 4096, 4096).unwrap() as *mut u64;
+    let cfg = dsm.config();
+    let check = cfg.fast_release_active()
+        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
+        && !cfg.fast_read_active();
+    let mut faults = Vec::new();
+    for _ in 0..ROUNDS {
+        let before = dsm.stats().write_faults;
+        for i in [0, words / 2] {
+            // SAFETY: this process's own block.
+            unsafe { p.add(me * words + i).write_volatile(7 + me as u64) };
+        }
+        faults.push(dsm.stats().write_faults - before);
+        for _ in 0..3 {
+            dsm.barrier().unwrap();
+        }
+    }
+    for q in 0..n {
+        for i in [0, words / 2] {
+            // SAFETY: written before the barriers above.
+            let v = unsafe { p.add(q * words + i).read() };
+            assert_eq!(v, 7 + q as u64, "process {me}: block {q} word {i}");
+        }
+    }
+    dsm.barrier().unwrap();
+    if check {
+        let early: usize = faults[..ROUNDS / 2].iter().sum();
+        let late: usize = faults[ROUNDS / 2..].iter().sum();
+        assert!(
+            early > 1,
+            "process {me}: the idle releases never protected a block rewritten unchanged \
+             ({faults:?}); {}",
+            dsm.stats()
+        );
+        assert_eq!(
+            late,
+            0,
+            "process {me}: a block rewritten unchanged every third release still faults \
              ({faults:?}); {}",
             dsm.stats()
         );

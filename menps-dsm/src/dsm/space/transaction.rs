@@ -1208,6 +1208,17 @@ const IDLE_LIMIT_START: u32 = 2;
 /// costs an idle comparison at each release in between, less than a write
 /// fault and an `mprotect` each time.
 const IDLE_LIMIT_MAX: u32 = 16;
+/// The limit of a block that is rewritten within [`REWRITE_GAP_SHORT`]
+/// releases of being protected even at [`IDLE_LIMIT_MAX`]: one its
+/// program keeps writing without changing it (a converged solution vector
+/// that `x += alpha * p` no longer moves, zeros written over zeros), which
+/// every release finds idle however often it is written. Protecting such a
+/// block every [`IDLE_LIMIT_MAX`] releases cost a write fault and two
+/// `mprotect` calls each time: in the CG kernel at class W at 2×1, whose
+/// solution vector stops changing once it has converged, 1,857 of the
+/// 2×1 run's write faults, 546 with this limit. It stays listed until this
+/// many idle releases in a row show that its program stopped writing it.
+const IDLE_LIMIT_REWRITTEN: u32 = 255;
 /// A block rewritten at most this many releases after idle releases
 /// protected it would have been cheaper to keep listed: the `mprotect`
 /// calls and the fault of protecting and rewriting a block cost about as
@@ -1338,16 +1349,22 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
     /// comparisons between its writes if it stays listed, and `limit` of
     /// them plus two `mprotect` calls and a fault or a write-ahead if it is
     /// protected: the latter is the loss when the gap is short, so then its
-    /// limit grows to cover the whole period (up to [`IDLE_LIMIT_MAX`]); a
-    /// block rewritten much later (a grid of the next V-cycle) keeps its
-    /// limit.
+    /// limit grows to cover the whole period (up to [`IDLE_LIMIT_MAX`], and
+    /// past it to [`IDLE_LIMIT_REWRITTEN`] if the gap is still short there:
+    /// a block rewritten without being changed); a block rewritten much
+    /// later (a grid of the next V-cycle) keeps its limit.
     pub(super) fn note_rewrite(&self, m: &mut BlockMeta) {
         if m.idled_at == 0 {
             return;
         }
         let gap = self.release_count().wrapping_sub(m.idled_at);
         if gap <= REWRITE_GAP_SHORT {
-            m.idle_limit = (idle_limit(m) + gap + 1).min(IDLE_LIMIT_MAX) as u8;
+            let limit = idle_limit(m);
+            m.idle_limit = if limit >= IDLE_LIMIT_MAX {
+                IDLE_LIMIT_REWRITTEN
+            } else {
+                (limit + gap + 1).min(IDLE_LIMIT_MAX)
+            } as u8;
         }
         m.idled_at = 0;
     }
