@@ -49,8 +49,8 @@
 //!   the longest limit, because its program keeps storing values it
 //!   already holds as a converged vector's update does, stays listed until
 //!   it has been idle for 255 releases). Idle too is the release of a
-//!   writable block another process wrote last, unchanged since we took it (the program stored the values it
-//!   held): no transaction, since there is nothing to merge (not under fast
+//!   writable block another process wrote last, unchanged since we took
+//!   it (the program stored the values it held): no transaction, since there is nothing to merge (not under fast
 //!   read); and so is a release of an unchanged block whose lock has moved
 //!   on. A block another process wrote last is also released without a
 //!   transaction if our last transaction took its latest version into the

@@ -685,6 +685,16 @@ fn speculative_reads(dsm: &D) {
     }
 }
 
+/// Whether `dsm` runs the release protocol whose idle releases and idle
+/// limits the scenarios count exactly: fast release, hybrid invalidation,
+/// no fast read.
+fn idle_releases_counted(dsm: &D) -> bool {
+    let cfg = dsm.config();
+    cfg.fast_release_active()
+        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
+        && !cfg.fast_read_active()
+}
+
 fn phased_writers(dsm: &D) {
     const ROUNDS: u64 = 40;
     const PHASES: usize = 5;
@@ -721,12 +731,8 @@ fn phased_writers(dsm: &D) {
         // Everybody has read before the next round's writes.
         dsm.barrier().unwrap();
     }
-    let cfg = dsm.config();
     // Idle releases: fast release without fast read.
-    let default_protocol = cfg.fast_release_active()
-        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
-        && !cfg.fast_read_active();
-    if default_protocol {
+    if idle_releases_counted(dsm) {
         let after = dsm.stats();
         let misses = after.read_faults - before.read_faults;
         // One miss per foreign block and round, plus a few for leases and
@@ -1356,11 +1362,7 @@ fn rewritten_runs(dsm: &D) {
         }
         dsm.barrier().unwrap();
     }
-    let cfg = dsm.config();
-    if cfg.fast_release_active()
-        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
-        && !cfg.fast_read_active()
-    {
+    if idle_releases_counted(dsm) {
         // The first write of the run fetches and faults block by block;
         // the rewrites of a run we last wrote go ahead 16 blocks a fault.
         for (k, &f) in rewrite_faults.iter().enumerate().skip(1) {
@@ -1545,10 +1547,7 @@ fn idle_limit(dsm: &D) {
     let p = dsm.alloc_segment(n * 2 * 4096, 4096).unwrap() as *mut u64;
     let once = me * 2 * words;
     let periodic = once + words;
-    let cfg = dsm.config();
-    let check = cfg.fast_release_active()
-        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
-        && !cfg.fast_read_active();
+    let check = idle_releases_counted(dsm);
 
     let idle_before = dsm.stats().idle_releases;
     // SAFETY: this process's own block.
@@ -1616,10 +1615,7 @@ fn unchanged_rewrites(dsm: &D) {
     let (me, n) = (dsm.rank(), dsm.nprocs());
     let words = 4096 / 8;
     let p = dsm.alloc_segment(n * 4096, 4096).unwrap() as *mut u64;
-    let cfg = dsm.config();
-    let check = cfg.fast_release_active()
-        && cfg.invalidation == menps_dsm::dsm::InvalidationPolicy::Hybrid
-        && !cfg.fast_read_active();
+    let check = idle_releases_counted(dsm);
     let mut faults = Vec::new();
     for _ in 0..ROUNDS {
         let before = dsm.stats().write_faults;

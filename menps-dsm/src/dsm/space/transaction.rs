@@ -1214,9 +1214,9 @@ const IDLE_LIMIT_MAX: u32 = 16;
 /// that `x += alpha * p` no longer moves, zeros written over zeros), which
 /// every release finds idle however often it is written. Protecting such a
 /// block every [`IDLE_LIMIT_MAX`] releases cost a write fault and two
-/// `mprotect` calls each time: in the CG kernel at class W at 2×1, whose
-/// solution vector stops changing once it has converged, 1,857 of the
-/// 2×1 run's write faults, 546 with this limit. It stays listed until this
+/// `mprotect` calls each time (the CG kernel at class W on 2 processes,
+/// whose solution vector stops changing once it has converged, took 1,857
+/// write faults in all, 546 with this limit). It stays listed until this
 /// many idle releases in a row show that its program stopped writing it.
 const IDLE_LIMIT_REWRITTEN: u32 = 255;
 /// A block rewritten at most this many releases after idle releases
