@@ -250,6 +250,64 @@ fn merge_words(
     })
 }
 
+/// Whether `a` and `b` hold the same words: a chunk at a time, each word
+/// read once and the differences folded together (the loop compiles to
+/// SIMD), stopping at the first chunk that differs.
+///
+/// A release compares a copy with its twin while other threads of this
+/// process may write the copy and another process's relaxed atomic may
+/// rewrite a word of both, so `==` on the slices is not used: it calls
+/// `memcmp`, whose vector loop finds the first differing byte and then
+/// loads it again from both buffers to return their difference; if the
+/// word changed in between (an atomic had updated the copy and not yet the
+/// twin), the reloaded bytes are equal and `memcmp` reports the blocks
+/// equal however much else differs — an idle release then announced
+/// nothing, and the process's writes to the block were lost to its readers.
+///
+///
+/// (Eight lanes of differences, folded at the end of each chunk, with AVX2
+/// where the processor has it: about 60 ns for a 4 KiB block in the cache
+/// where `memcmp` takes 40, and as fast as it for one that left the cache,
+/// which idle releases mostly compare.)
+pub fn same(a: &[u64], b: &[u64]) -> bool {
+    assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the processor has AVX2 (checked just now).
+        return unsafe { same_avx2(a, b) };
+    }
+    same_words(a, b)
+}
+
+/// [`same_words`] compiled for AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn same_avx2(a: &[u64], b: &[u64]) -> bool {
+    same_words(a, b)
+}
+
+/// The loop of [`same`] (`a` and `b` of one length).
+#[inline(always)]
+fn same_words(a: &[u64], b: &[u64]) -> bool {
+    let (mut ca, mut cb) = (a.chunks_exact(CHUNK), b.chunks_exact(CHUNK));
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        let mut lanes = [0u64; 8];
+        for (p, q) in x.chunks_exact(8).zip(y.chunks_exact(8)) {
+            for i in 0..8 {
+                lanes[i] |= p[i] ^ q[i];
+            }
+        }
+        if lanes.iter().fold(0, |acc, l| acc | l) != 0 {
+            return false;
+        }
+    }
+    ca.remainder()
+        .iter()
+        .zip(cb.remainder())
+        .fold(0, |acc, (p, q)| acc | (p ^ q))
+        == 0
+}
+
 /// The maximal runs of bytes where `a` and `b` differ, as `(offset, len)`,
 /// byte-exact (so writing them touches no byte that did not change).
 pub fn changed_runs(a: &[u64], b: &[u64], out: &mut Vec<(usize, usize)>) {
@@ -477,6 +535,60 @@ mod tests {
                     "round {round}: word {i} of the twin left behind"
                 );
             }
+        }
+    }
+
+    /// A block whose words 8 and 9 differ from its twin is never found
+    /// equal to it while another thread applies atomics to word 0 of the
+    /// copy and then of the twin, as a process running a relaxed DSM atomic
+    /// at our copy does. (`==` on the slices, i.e. `memcmp`, reported such
+    /// blocks equal now and then: it reloads the first differing byte.)
+    #[test]
+    fn same_is_not_fooled_by_atomics_on_an_earlier_word() {
+        use std::sync::atomic::AtomicBool;
+        const WORDS: usize = 512;
+        let data: Vec<AtomicU64> = (0..WORDS).map(|_| AtomicU64::new(0)).collect();
+        let twin: Vec<AtomicU64> = (0..WORDS).map(|_| AtomicU64::new(0)).collect();
+        data[8].store(24, Ordering::Relaxed);
+        data[9].store(12, Ordering::Relaxed);
+        let stop = AtomicBool::new(false);
+        let mut wrong = 0;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut k = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    k += 1;
+                    data[0].store(k, Ordering::Relaxed);
+                    twin[0].store(k, Ordering::Relaxed);
+                }
+            });
+            // SAFETY: both vectors outlive the scope; the views are only
+            // read, as a release reads a copy other threads may write (a
+            // word read while it changes may hold either value).
+            let (d, t) = unsafe {
+                (
+                    core::slice::from_raw_parts(data.as_ptr().cast::<u64>(), WORDS),
+                    core::slice::from_raw_parts(twin.as_ptr().cast::<u64>(), WORDS),
+                )
+            };
+            for _ in 0..200_000 {
+                if same(core::hint::black_box(d), core::hint::black_box(t)) {
+                    wrong += 1;
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert_eq!(
+            wrong, 0,
+            "a copy with two changed words was found equal to its twin"
+        );
+        let mut b = vec![7u64; 100];
+        assert!(same(&b, &b.clone()));
+        for i in [0, 63, 64, 99] {
+            let a = b.clone();
+            b[i] ^= 1 << 40;
+            assert!(!same(&a, &b), "word {i}");
+            b[i] ^= 1 << 40;
         }
     }
 

@@ -705,7 +705,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             if dirty {
                 // Written since what we last published, which is the twin
                 // (a fast release updates it too).
-                written = !known_clean && data != twin;
+                written = !known_clean && !diff::same(data, twin);
                 if written {
                     twin.copy_from_slice(data);
                 }
@@ -1259,7 +1259,8 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
         // after that release, announced by a later one); the twin only by
         // this process under the block's locks, or by another process's
         // atomic on a word of it under the global lock (a comparison that
-        // sees half of it finds a change, and the release merges).
+        // sees half of it finds a change, and the release merges: compared
+        // with `diff::same`, which reads each word once, not `memcmp`).
         let (data, twin): (&[u64], &[u64]) = unsafe {
             (
                 diff::words_mut(seg.sys(idx), bs),
@@ -1295,7 +1296,7 @@ impl<C: Communicator + 'static, U: UltItf> Space<C, U> {
             return true;
         }
         let (data, twin, skip) = self.release_view(seg, idx);
-        let unchanged = data[skip..] == twin[skip..];
+        let unchanged = diff::same(&data[skip..], &twin[skip..]);
         if unchanged && seg.tracked {
             m.armed = true;
         }
