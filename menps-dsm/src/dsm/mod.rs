@@ -67,7 +67,9 @@
 //!   miss that continues a run of misses in its segment also fetches the
 //!   invalid blocks after it — 256 KiB (at least a block, at most the cap)
 //!   at the first continuation, then a window that doubles along the run up
-//!   to its cap, reset by a miss elsewhere. Each is fetched by the read
+//!   to its cap, reset by a miss elsewhere — except a miss where the last run
+//!   that continued began (an array read again after a barrier dropped it),
+//!   which resumes that run at 256 KiB at once. Each is fetched by the read
 //!   transaction a miss would run (the latest version, its lease, a place
 //!   in the read set), so an acquire drops a prefetched copy like any
 //!   other; their locks are tried all at once and the runs read together

@@ -376,15 +376,24 @@ pub(crate) struct Segment<U: UltItf> {
 /// between may have been readable, a fixed home's own block) continues the
 /// run; the first continuation fetches [`PREFETCH_FIRST_BYTES`] ahead (at
 /// least one block, at most the cap), every further one doubles the window
-/// up to the cap;
-/// any other miss resets it. (Relaxed atomics: a hint — concurrent misses
-/// at worst reset the run.)
+/// up to the cap; any other miss resets it — except a miss at the block
+/// where the last run that continued began, which resumes that run at the
+/// first window: a loop that reads an array again after each barrier (whose
+/// acquire dropped it) misses first where it began last time, and fetched
+/// only that block, then waited for a second miss before the window
+/// opened (two more round trips across hosts). (Relaxed atomics: a hint —
+/// concurrent misses at worst reset the run.)
 #[derive(Debug, Default)]
 pub(crate) struct SeqDetector {
     /// Index + 1 of the block after the last run fetched (0: none yet).
     next: AtomicUsize,
     /// Blocks the last miss of the run fetched ahead.
     window: AtomicUsize,
+    /// Index + 1 of the block whose miss began the current run (0: none).
+    begin: AtomicUsize,
+    /// Index + 1 of the block where the last run that continued began (0:
+    /// none).
+    resume: AtomicUsize,
 }
 
 /// What the first sequential miss of a run fetches ahead of itself, in
@@ -406,9 +415,17 @@ impl SeqDetector {
         let next = self.next.load(Ordering::Relaxed);
         let sequential = next != 0 && (next..=next + 1).contains(&(idx + 1));
         let w = if sequential {
+            // The run continues: where it began, a later one resumes.
+            self.resume
+                .store(self.begin.load(Ordering::Relaxed), Ordering::Relaxed);
             (self.window.load(Ordering::Relaxed) * 2).max(first.max(1))
         } else {
-            0
+            self.begin.store(idx + 1, Ordering::Relaxed);
+            if self.resume.load(Ordering::Relaxed) == idx + 1 {
+                first.max(1)
+            } else {
+                0
+            }
         };
         let w = w.min(cap).min(room);
         self.window.store(w, Ordering::Relaxed);
@@ -653,36 +670,88 @@ impl<U: UltItf> Drop for Segment<U> {
 mod tests {
     use super::SeqDetector;
 
+    /// Feeds `s` read misses `(block, first window, cap, room)` and checks
+    /// that each fetches `want` blocks ahead.
+    fn misses(s: &SeqDetector, steps: &[(usize, usize, usize, usize, usize)]) {
+        for (k, &(idx, first, cap, room, want)) in steps.iter().enumerate() {
+            assert_eq!(s.on_miss(idx, first, cap, room), want, "miss {k}, at {idx}");
+        }
+    }
+
     #[test]
     fn a_run_starts_at_the_first_window_and_doubles_to_the_cap() {
-        let s = SeqDetector::default();
         // A first miss fetches nothing ahead; the next block continues the
-        // run with the first window, then each continuation doubles it.
-        assert_eq!(s.on_miss(0, 8, 64, 1000), 0);
-        assert_eq!(s.on_miss(1, 8, 64, 1000), 8);
-        assert_eq!(s.on_miss(10, 8, 64, 1000), 16);
-        assert_eq!(s.on_miss(27, 8, 64, 1000), 32);
-        assert_eq!(s.on_miss(60, 8, 64, 1000), 64);
-        assert_eq!(s.on_miss(125, 8, 64, 1000), 64);
-        // Limited by the blocks left in the segment.
-        assert_eq!(s.on_miss(190, 8, 64, 5), 5);
-        // A miss elsewhere resets the run.
-        assert_eq!(s.on_miss(500, 8, 64, 1000), 0);
-        assert_eq!(s.on_miss(501, 8, 64, 1000), 8);
+        // run with the first window, then each continuation doubles it, up
+        // to the cap and the blocks left in the segment; a miss elsewhere
+        // resets the run.
+        let s = SeqDetector::default();
+        misses(
+            &s,
+            &[
+                (0, 8, 64, 1000, 0),
+                (1, 8, 64, 1000, 8),
+                (10, 8, 64, 1000, 16),
+                (27, 8, 64, 1000, 32),
+                (60, 8, 64, 1000, 64),
+                (125, 8, 64, 1000, 64),
+                (190, 8, 64, 5, 5),
+                (500, 8, 64, 1000, 0),
+                (501, 8, 64, 1000, 8),
+            ],
+        );
+    }
+
+    #[test]
+    fn a_miss_where_the_last_run_began_resumes_it_at_the_first_window() {
+        let s = SeqDetector::default();
+        misses(
+            &s,
+            &[
+                (100, 8, 64, 1000, 0),
+                (101, 8, 64, 1000, 8),
+                (110, 8, 64, 1000, 16),
+                // The array read again from its start: the first window at
+                // once, then the run goes on doubling.
+                (100, 8, 64, 1000, 8),
+                (109, 8, 64, 1000, 16),
+                // Elsewhere: a reset, and lone misses (no continuation) do
+                // not replace the run to resume.
+                (300, 8, 64, 1000, 0),
+                (700, 8, 64, 1000, 0),
+                (300, 8, 64, 1000, 0),
+                (100, 8, 64, 1000, 8),
+            ],
+        );
+        // A run that began with a partial read and went on through its
+        // block: resumed too, never past the cap or the segment's end.
+        let t = SeqDetector::default();
+        misses(&t, &[(0, 8, 64, 1000, 0)]);
+        assert_eq!(t.on_onward_miss(0, 64, 1000), 1);
+        misses(
+            &t,
+            &[(2, 8, 64, 1000, 8), (0, 8, 64, 1000, 8), (0, 8, 4, 3, 3)],
+        );
+        // Nothing with prefetch off.
+        misses(
+            &SeqDetector::default(),
+            &[(5, 8, 0, 100, 0), (6, 8, 0, 100, 0), (5, 8, 0, 100, 0)],
+        );
     }
 
     #[test]
     fn large_blocks_start_at_one_and_the_cap_wins_over_the_first_window() {
-        let s = SeqDetector::default();
-        assert_eq!(s.on_miss(0, 0, 8, 100), 0);
-        assert_eq!(s.on_miss(1, 0, 8, 100), 1);
-        assert_eq!(s.on_miss(3, 0, 8, 100), 2);
-        let t = SeqDetector::default();
-        assert_eq!(t.on_miss(0, 8, 4, 100), 0);
-        assert_eq!(t.on_miss(1, 8, 4, 100), 4);
+        misses(
+            &SeqDetector::default(),
+            &[(0, 0, 8, 100, 0), (1, 0, 8, 100, 1), (3, 0, 8, 100, 2)],
+        );
+        misses(
+            &SeqDetector::default(),
+            &[(0, 8, 4, 100, 0), (1, 8, 4, 100, 4)],
+        );
         // Prefetch off (cap 0): never anything ahead.
-        let u = SeqDetector::default();
-        assert_eq!(u.on_miss(0, 8, 0, 100), 0);
-        assert_eq!(u.on_miss(1, 8, 0, 100), 0);
+        misses(
+            &SeqDetector::default(),
+            &[(0, 8, 0, 100, 0), (1, 8, 0, 100, 0)],
+        );
     }
 }

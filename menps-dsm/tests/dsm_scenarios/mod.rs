@@ -933,8 +933,9 @@ fn prefetch_invalidated(dsm: &D) {
 /// Partial reads (`MENPS_DSM_PARTIAL_READ`) meet invalidation, writes and
 /// atomics, over blocks of 32 KiB (8 pages). Every round one process (in
 /// turn) rewrites pages 0-5 of every block; after a barrier the others
-/// read one word of one page of each block (a miss that fetches only that
-/// page, where partial reads apply), then a word of another page of every
+/// read one word of one page of each block, in an order that forms no
+/// sequential run (a miss that fetches only that page, where partial reads
+/// apply), then a word of another page of every
 /// other block (the miss that reads the block whole), write their own word
 /// on page 7 of one block (a write to a partial copy, on a page it lacks)
 /// and add 1 to the counter word on page 6 of another (an atomic on a
@@ -985,7 +986,9 @@ fn partial_reads(dsm: &D) {
                     "round {round}: block {b} page {p} word {w} is stale"
                 );
             };
-            for b in 0..BLOCKS {
+            // Blocks 7 apart: no two misses in a row are neighbours, so no
+            // sequential run forms (a prefetch reads its blocks whole).
+            for b in (0..BLOCKS).map(|k| k * 7 % BLOCKS) {
                 check(b, (round + b) % 6, 10);
             }
             for b in (0..BLOCKS).step_by(2) {
