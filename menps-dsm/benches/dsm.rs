@@ -14,10 +14,12 @@
 //! Over a modelled network (`MENPS_NET_LATENCY`, `MENPS_NET_BANDWIDTH`; see
 //! `com::netmodel`), set in the driver's environment and passed on to the
 //! jobs, every line's params carry `net_latency_us` and `net_bandwidth_gbit`
-//! (0: uncapped), and the `dsm-barrier` and `read` lines the communication
-//! operations one operation took (`com_rma_per_op`: one-sided reads, writes
-//! and atomics; `com_msgs_per_op`: messages sent; `com_colls_per_op`:
-//! collectives) — on rank 0 for barriers, on the reading rank 1 for reads.
+//! (0: uncapped), and the `dsm-barrier`, `read` and `false-sharing` lines
+//! the communication operations one operation took (`com_rma_per_op`:
+//! one-sided reads, writes and atomics; `com_msgs_per_op`: messages sent;
+//! `com_colls_per_op`: collectives) — on rank 0 for barriers and for
+//! false-sharing iterations (over the last run), on the reading rank 1 for
+//! reads.
 //! `MENPS_STATS=1` adds the counts without a model.
 
 use std::process::Command;
@@ -574,8 +576,12 @@ impl Bench<'_> {
         let seg = self.dsm.alloc_segment(block, block).unwrap();
         for &stripe in stripes {
             let mut round = 0u8;
+            // Rank 0's communication operations per iteration, over the
+            // last run (with a network model, which counts them).
+            let mut counts = Vec::new();
             let st = self.agreed(|| {
-                time_secs(|| {
+                let before = self.dsm.com().traffic();
+                let t = time_secs(|| {
                     for _ in 0..iters {
                         round = round.wrapping_add(1);
                         for i in (0..block / stripe).filter(|i| i % n == me) {
@@ -584,8 +590,9 @@ impl Bench<'_> {
                         }
                         self.dsm.barrier().unwrap();
                     }
-                }) * 1e6
-                    / iters as f64
+                });
+                counts = Self::per_op(before, self.dsm.com().traffic(), iters);
+                t * 1e6 / iters as f64
             });
             // The block is exact.
             for i in 0..block {
@@ -594,13 +601,9 @@ impl Bench<'_> {
                 assert_eq!(v, round, "false sharing: byte {i} wrong");
             }
             self.dsm.barrier().unwrap();
-            self.emit(
-                "false-sharing",
-                "menps",
-                &[("stripe", stripe.into())],
-                "us",
-                &st,
-            );
+            let mut params = vec![("stripe", stripe.into())];
+            params.extend(counts);
+            self.emit("false-sharing", "menps", &params, "us", &st);
         }
     }
 
