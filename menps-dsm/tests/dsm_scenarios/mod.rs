@@ -1529,12 +1529,15 @@ fn taken_releases(dsm: &D) {
         // some turns with a transaction (13 to 27 of 30 taken in repeated
         // runs, before and after partial reads and forks without a
         // barrier, not understood yet); there a third must be taken. CI
-        // runs this test in a release build too.
+        // runs this test in a release build too, where almost every turn
+        // is taken: 29 or 30 of 30 on a quiet machine, and once 27 in a
+        // loaded CI run (the same timing effect, rarely); four in five
+        // must be. Without taken releases none would be.
         let turns = ROUNDS / n;
         let least = if cfg!(debug_assertions) {
             turns / 3
         } else {
-            turns - 2
+            turns * 4 / 5
         };
         assert!(
             taken >= least,
