@@ -264,7 +264,6 @@ fn merge_words(
 /// equal however much else differs — an idle release then announced
 /// nothing, and the process's writes to the block were lost to its readers.
 ///
-///
 /// (Eight lanes of differences, folded at the end of each chunk, with AVX2
 /// where the processor has it: about 60 ns for a 4 KiB block in the cache
 /// where `memcmp` takes 40, and as fast as it for one that left the cache,
