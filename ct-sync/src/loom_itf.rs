@@ -17,6 +17,14 @@ use ct_worker::{IdleHook, IdleMode, JoinHandleItf, SuspendedThreadItf, UltItf};
 loom::thread_local! {
     /// The idle hooks queued on this loom thread (as a worker).
     static HOOKS: RefCell<Vec<usize>> = RefCell::new(Vec::new());
+    /// What [`UltItf::may_wait_awake`] answers on this loom thread
+    /// ([`set_may_wait_awake`]).
+    static AWAKE: core::cell::Cell<bool> = core::cell::Cell::new(false);
+}
+
+/// Makes [`UltItf::may_wait_awake`] answer `yes` on the calling loom thread.
+pub fn set_may_wait_awake(yes: bool) {
+    AWAKE.with(|a| a.set(yes));
 }
 
 /// Runs this loom thread's idle hooks in `mode`, keeping those not done.
@@ -129,6 +137,10 @@ impl UltItf for LoomItf {
         unsafe { hook.set_data(data) };
         HOOKS.with(|h| h.borrow_mut().push(core::ptr::from_ref(hook) as usize));
         true
+    }
+
+    fn may_wait_awake() -> bool {
+        AWAKE.with(|a| a.get()) && HOOKS.with(|h| h.borrow().is_empty())
     }
 }
 
@@ -307,7 +319,11 @@ mod tests {
     /// of all three are explored; bound 3 found a wake-up after a sleep that
     /// did not acquire the completer's writes). Flat (what a one-worker
     /// library gets): the last arriver wakes every slot.
-    fn barrier_two_threads(grouped: bool) {
+    ///
+    /// `awake[t]`: thread t may wait awake (grouped only): it counts itself
+    /// in the barrier at once, completes the episode or polls for its end,
+    /// and parks in its group, already counted, when the polls run out.
+    fn barrier_two_threads(grouped: bool, awake: [bool; 2]) {
         model(4, move || {
             let b = Arc::new(if grouped {
                 Barrier::<LoomItf>::with_groups(2, 2)
@@ -320,6 +336,7 @@ mod tests {
                 .map(|t| {
                     let (b, cells, leaders) = (b.clone(), cells.clone(), leaders.clone());
                     thread::spawn(move || {
+                        set_may_wait_awake(awake[t]);
                         for e in 1..=2u32 {
                             // SAFETY: cell t is written only by thread t, and
                             // read by others only after a barrier.
@@ -345,8 +362,14 @@ mod tests {
 
     #[test]
     fn loom_barrier() {
-        barrier_two_threads(true);
-        barrier_two_threads(false);
+        barrier_two_threads(true, [false; 2]);
+        barrier_two_threads(false, [false; 2]);
+    }
+
+    #[test]
+    fn loom_barrier_awake() {
+        barrier_two_threads(true, [true, false]);
+        barrier_two_threads(true, [true, true]);
     }
 
     /// Three threads, one episode, one owned group: the first thread to

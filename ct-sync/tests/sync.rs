@@ -427,6 +427,29 @@ fn barrier_wakes_the_waiters_of_sleeping_workers() {
     });
 }
 
+/// Workers kept awake: a thread alone on its worker waits awake (polls the
+/// generation, or completes the episode, without parking); with a late
+/// arriver its polls run out and it parks, already counted; with more
+/// threads than workers, awake and parked arrivals mix in one group.
+/// Writes are published and every episode has one leader either way.
+#[test]
+fn barrier_episodes_on_workers_kept_awake() {
+    with_timeout(120, || {
+        let late = Duration::from_micros(50);
+        for (workers, threads, episodes, late) in [
+            (2, 2, 5_000, Duration::ZERO),
+            (2, 2, 200, late),
+            (4, 4, 1_000, Duration::ZERO),
+            (2, 5, 2_000, Duration::ZERO),
+            (2, 5, 200, late),
+        ] {
+            let rt = Runtime::builder().workers(workers).build().unwrap();
+            rt.set_stay_awake(Duration::from_millis(5));
+            rt.block_on(|| barrier_episodes_late::<Ult>(threads, episodes, late));
+        }
+    });
+}
+
 #[test]
 fn barrier_of_one_always_leads() {
     let b = Barrier::new(1);

@@ -112,6 +112,19 @@ pub trait UltItf: Send + Sync + 'static {
         let _ = (hook, data);
         false
     }
+    /// Whether the caller may wait for a short while (a few microseconds)
+    /// by polling, keeping its worker busy, instead of parking: where
+    /// parking and being woken cost more than such a wait usually lasts
+    /// (a barrier whose other threads run on other processors). `true`
+    /// only where that wastes nothing: the caller is a user-level thread
+    /// whose worker has no other thread ready to run and no idle hook
+    /// queued, and whose runtime keeps idle workers awake anyway
+    /// ([`Runtime::set_stay_awake`](crate::Runtime::set_stay_awake)); a
+    /// waiter should ask again now and then while it polls. `false` for
+    /// libraries that cannot tell.
+    fn may_wait_awake() -> bool {
+        false
+    }
 }
 
 /// This crate's user-level threads, for a runtime of configuration `C`.
@@ -190,5 +203,11 @@ impl<C: Config> UltItf for Ult<C> {
     unsafe fn defer_until_idle(hook: &IdleHook, data: *const ()) -> bool {
         // SAFETY: forwarded contract.
         unsafe { crate::idle::defer_until_idle(hook, data) }
+    }
+
+    fn may_wait_awake() -> bool {
+        crate::worker::Worker::<C>::current()
+            .filter(|w| w.running().is_some())
+            .is_some_and(|w| w.may_wait_awake())
     }
 }

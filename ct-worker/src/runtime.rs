@@ -525,6 +525,15 @@ fn run_loop<C: Config>(w: &Worker<C>) {
     }
 }
 
+impl<C: Config> Shared<C> {
+    /// Whether idle workers stay awake a while before sleeping
+    /// ([`Runtime::set_stay_awake`] above zero).
+    #[inline]
+    pub(crate) fn keeps_idle_workers_awake(&self) -> bool {
+        self.stay_awake_ns.load(Ordering::Relaxed) != 0
+    }
+}
+
 /// Whether an idle worker whose spell began at `since` (set on the first
 /// call) should keep yielding instead of sleeping: until the runtime's
 /// stay-awake time has passed.

@@ -1049,6 +1049,21 @@ impl<C: Config> Worker<C> {
         }
     }
 
+    /// Whether the running thread may keep this worker busy waiting, awake,
+    /// for a few microseconds (see [`UltItf::may_wait_awake`]): the runtime
+    /// keeps idle workers awake, and nothing else waits for this worker —
+    /// no thread in its deque, home queue or inbox, and no idle hook.
+    ///
+    /// [`UltItf::may_wait_awake`]: crate::UltItf::may_wait_awake
+    #[inline]
+    pub(crate) fn may_wait_awake(&self) -> bool {
+        self.shared.keeps_idle_workers_awake()
+            && self.deque.is_empty()
+            && (!self.home_hint.get() || self.home.is_empty())
+            && self.shared.inboxes[self.index].is_empty()
+            && !self.has_idle_hooks()
+    }
+
     /// Whether idle hooks are queued on this worker.
     #[inline]
     pub(crate) fn has_idle_hooks(&self) -> bool {

@@ -192,3 +192,26 @@ fn a_worker_told_to_stay_awake_sleeps_no_earlier() {
         });
     });
 }
+
+/// A thread may wait awake only on a worker of a runtime that keeps idle
+/// workers awake, and only while no other thread of its worker is ready.
+#[test]
+fn may_wait_awake_only_alone_on_a_worker_kept_awake() {
+    with_timeout(60, || {
+        assert!(!<Ult>::may_wait_awake(), "not on a worker");
+        assert!(!OsThreads::may_wait_awake());
+        let rt = Runtime::builder().workers(1).build().unwrap();
+        assert!(
+            !rt.block_on(<Ult>::may_wait_awake),
+            "workers sleep when idle"
+        );
+        rt.set_stay_awake(std::time::Duration::from_millis(1));
+        rt.block_on(|| {
+            assert!(<Ult>::may_wait_awake(), "alone on an awake worker");
+            // A spawned thread runs at once; its parent waits in the deque.
+            let h = <Ult>::spawn(<Ult>::may_wait_awake);
+            assert!(!h.join(), "the parent was ready to run");
+            assert!(<Ult>::may_wait_awake(), "alone again");
+        });
+    });
+}
