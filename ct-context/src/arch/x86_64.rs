@@ -42,12 +42,15 @@
 //!
 //! - *compare* (Intel and others): load only when the destination's control
 //!   bits differ from the current ones. Loading on every switch is what made
-//!   the policy slow on an Intel Xeon (KVM, AVX-512): a plain round trip took
-//!   78–91 ns there against 2.3–3.3 ns for the plain policy (figures
-//!   reported on that host, not remeasured here). `ldmxcsr` and `fldcw` are
-//!   serialising there, while `stmxcsr` and `fnstcw` are ordinary stores,
-//!   so where every thread keeps the same settings a switch costs a plain
-//!   one plus two stores and a comparison.
+//!   the policy slow on an Intel Xeon (family 6, model 207, KVM, AVX-512): a
+//!   plain round trip took 146–173 ns there loading always, against 3.0–3.5
+//!   ns for the plain policy and 5.7 ns comparing. `ldmxcsr` and `fldcw` are
+//!   serialising there, while `stmxcsr` and `fnstcw` are stores, so where
+//!   every thread keeps the same settings a switch costs a plain one plus
+//!   two stores and a comparison. The stores are not free either: a
+//!   version that stored both words and never compared or loaded took 5.0–6.0
+//!   ns, and one that stored only MXCSR as long, so `stmxcsr` is what the
+//!   remaining 1.7–1.9× costs on that processor too.
 //! - *load always* (AMD, Hygon): on AMD Zen 3 (EPYC, family 0x19) the loads
 //!   are cheap but `stmxcsr` is not: back to back it issues once per ~15
 //!   cycles and it holds up younger instructions, so a switch that reads
