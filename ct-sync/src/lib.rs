@@ -20,7 +20,9 @@
 //!   per worker — a worker's idle hook publishes its threads' arrivals in
 //!   one atomic operation once they have all parked, and wakes them itself
 //!   when it sees the next generation — so two workers run 50 threads'
-//!   episodes faster than one.
+//!   episodes faster than one; a thread alone on a worker that its runtime
+//!   keeps awake polls for a few microseconds instead of parking, as a
+//!   spinning barrier would.
 //! - [`SpinLock`] and [`McsSpinLock`] for short internal sections, and the
 //!   [`McsCore`] queue shared with `ct-delegate`.
 //!
