@@ -34,9 +34,10 @@
 //! microseconds ([`AWAKE_POLLS`] rounds of the workspace's back-off),
 //! completing the episode if it is the last. Most episodes of a team with a
 //! thread per worker then cost what a spinning barrier costs: parking,
-//! running the hook, waking and resuming the thread took 0.5–0.6 µs per
-//! episode of two threads on two workers, against 0.31–0.34 µs for
-//! libgomp's (Intel Xeon, KVM, 2 vCPUs, `barrier` kernel). A wait that
+//! running the hook, waking and resuming the thread took 0.48–0.67 µs per
+//! episode of two threads on two workers, against 0.31–0.47 µs for
+//! libgomp's; waiting awake, 0.31–0.40 µs (Intel Xeon, KVM, 2 vCPUs,
+//! OpenMP `barrier` kernel, libgomp and both interleaved). A wait that
 //! outlasts the polls (or sees other work arrive on its worker) parks in
 //! its group like any other arrival, marked as already published, and its
 //! group's hook wakes it.
@@ -498,8 +499,10 @@ impl<U: UltItf> Barrier<U> {
             if round % AWAKE_RECHECK == 0 && !U::may_wait_awake() {
                 break;
             }
-            // (Spins only: AWAKE_POLLS rounds are the back-off's polls.)
-            backoff.snooze(U::yield_now);
+            // Spins only (these are the back-off's polling rounds), and
+            // never yields: a yield could move this thread to another
+            // worker, away from its group.
+            backoff.snooze(|| {});
         }
         None
     }
