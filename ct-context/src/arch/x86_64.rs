@@ -43,7 +43,7 @@
 //! - *compare* (Intel and others): load only when the destination's control
 //!   bits differ from the current ones. Loading on every switch is what made
 //!   the policy slow on an Intel Xeon (family 6, model 207, KVM, AVX-512): a
-//!   plain round trip took 146–173 ns there loading always, against 3.0–3.5
+//!   plain round trip took 147–156 ns there loading always, against 3.0–3.5
 //!   ns for the plain policy and 5.7 ns comparing. `ldmxcsr` and `fldcw` are
 //!   serialising there, while `stmxcsr` and `fnstcw` are stores, so where
 //!   every thread keeps the same settings a switch costs a plain one plus
