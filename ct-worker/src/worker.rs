@@ -1057,11 +1057,15 @@ impl<C: Config> Worker<C> {
     /// [`UltItf::may_wait_awake`]: crate::UltItf::may_wait_awake
     #[inline]
     pub(crate) fn may_wait_awake(&self) -> bool {
-        self.shared.keeps_idle_workers_awake()
-            && self.deque.is_empty()
-            && (!self.home_hint.get() || self.home.is_empty())
-            && self.shared.inboxes[self.index].is_empty()
-            && !self.has_idle_hooks()
+        self.shared.keeps_idle_workers_awake() && !self.has_own_work() && !self.has_idle_hooks()
+    }
+
+    /// Whether a thread waits in this worker's deque, home queue or inbox.
+    #[inline]
+    fn has_own_work(&self) -> bool {
+        !self.deque.is_empty()
+            || !self.home.is_empty()
+            || !self.shared.inboxes[self.index].is_empty()
     }
 
     /// Whether idle hooks are queued on this worker.
@@ -1080,9 +1084,7 @@ impl<C: Config> Worker<C> {
     /// Whether any work is visible anywhere (used before falling asleep).
     pub(crate) fn work_visible(&self) -> bool {
         use crate::deque::DequeStealer;
-        !self.deque.is_empty()
-            || !self.home.is_empty()
-            || !self.shared.inboxes[self.index].is_empty()
+        self.has_own_work()
             || self.shared.home_stealers.iter().any(|s| !s.is_empty())
             || !self.shared.injector.is_empty()
             || self.shared.stealers.iter().any(|s| !s.is_empty())
